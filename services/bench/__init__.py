@@ -1,0 +1,1 @@
+"""Benchmarks (`oms bench …`): figures are measured here, never asserted by timed tests."""

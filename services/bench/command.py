@@ -1,0 +1,27 @@
+"""`oms bench <target>`: each target lives in its own module and loads on demand."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+# target -> (module, help)
+TARGETS: dict[str, tuple[str, str]] = {
+    "runtime": (
+        "services.bench.runtime_bench",
+        "durable entries/s, append-to-durable latency, snapshot pause of the runtime",
+    ),
+}
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "bench", help="run a benchmark and print its figures"
+    )
+    targets = parser.add_subparsers(dest="target", required=True, metavar="TARGET")
+    for name, (module_path, help_text) in TARGETS.items():
+        target = targets.add_parser(name, help=help_text)
+        module = importlib.import_module(module_path)
+        module.add_arguments(target)
+        target.set_defaults(handler=module.run)

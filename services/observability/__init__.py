@@ -1,0 +1,1 @@
+"""Logs, traces and metrics shared by every service (configured once at start)."""

@@ -1,0 +1,90 @@
+"""Snapshots that never stall the apply loop: serialize in a forked child.
+
+`fork` gives the child a copy-on-write image of the whole process as of the
+instant between two batches, so the snapshot is consistent as of one log
+position while the parent keeps applying. The parent's pause is the `fork`
+call itself (page-table copy), measured and reported. The child touches only
+the state machine and plain file calls, then leaves with `os._exit` so no
+inherited thread, event loop or atexit hook runs in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+
+from services.runtime.core.replica import Replica
+from services.runtime.snapshot_files import FileSnapshotStore, Snapshot, write_snapshot_file
+
+
+class SnapshotFailedError(RuntimeError):
+    """The snapshot child exited with an error; the previous snapshot still stands."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotResult:
+    position: int
+    fork_pause_ns: int  # how long the parent was stopped by fork()
+    total_ns: int  # from fork until the snapshot was published
+
+
+class ForkedSnapshotWriter:
+    def __init__(self, store: FileSnapshotStore) -> None:
+        self.store = store
+        self.in_progress_position: int | None = None
+        self.last_result: SnapshotResult | None = None
+        self.longest_fork_pause_ns = 0
+
+    def start(self, replica: Replica[object]) -> tuple[int, int, int]:
+        """Fork the child; return (child pid, position, fork pause in ns)."""
+        if self.in_progress_position is not None:
+            raise RuntimeError("a snapshot is already being written")
+        position = replica.applied_position
+        consensus_time_ms = replica.consensus_time_ms
+        staging = self.store.staging_path(position)
+        started = time.perf_counter_ns()
+        pid = os.fork()
+        if pid == 0:  # child: serialize and leave without running any parent cleanup
+            exit_code = 1
+            try:
+                machine = replica.machine
+                snapshot = Snapshot(
+                    position, consensus_time_ms, machine.state_hash(), machine.snapshot()
+                )
+                write_snapshot_file(staging, snapshot)
+                exit_code = 0
+            finally:
+                os._exit(exit_code)
+        pause = time.perf_counter_ns() - started
+        self.longest_fork_pause_ns = max(self.longest_fork_pause_ns, pause)
+        self.in_progress_position = position
+        return pid, position, pause
+
+    async def wait(self, pid: int, position: int, fork_pause_ns: int, started_ns: int) -> int:
+        """Wait for the child off the loop, publish the snapshot, return its position."""
+        loop = asyncio.get_running_loop()
+        try:
+            _, status = await loop.run_in_executor(None, os.waitpid, pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                self.store.discard_staged(position)
+                raise SnapshotFailedError(
+                    f"snapshot child for position {position} exited with status {status}"
+                )
+            await loop.run_in_executor(None, self.store.publish, position)
+        finally:
+            self.in_progress_position = None
+        self.last_result = SnapshotResult(
+            position, fork_pause_ns, time.perf_counter_ns() - started_ns
+        )
+        return position
+
+    async def take(self, replica: Replica[object]) -> SnapshotResult:
+        """Fork, wait and publish in one call (tools and tests)."""
+        started = time.perf_counter_ns()
+        pid, position, pause = self.start(replica)
+        await self.wait(pid, position, pause, started)
+        if self.last_result is None:
+            raise SnapshotFailedError("snapshot finished without a result")
+        return self.last_result

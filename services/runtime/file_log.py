@@ -1,0 +1,295 @@
+"""The embedded log backend: checksummed records in segment files on local disk.
+
+Segments are named after the first position they hold
+(`segment-00000000000000000001.log`). Appends go to the newest segment and are
+followed by `fdatasync` before `append` returns, so whatever the sequencer
+acknowledges survives process death and power loss of this machine. One writer
+per log folder is enforced with an exclusive `flock`.
+
+On open, the newest segment is scanned: an incomplete or damaged record at its
+very end is a torn write from a crash and is cut off; damage followed by a valid
+record is corruption and refuses to open. Older segments are verified as they
+are read during recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import structlog
+
+from services.runtime.core.log_batch import (
+    RECORD_HEADER,
+    RECORD_MAGIC,
+    LogBatch,
+    RecordCorruptedError,
+    decode_batch_at,
+)
+from services.runtime.errors import LogCorruptedError, LogFencedError
+from services.runtime.log_store import LogTail
+
+log = structlog.get_logger(__name__)
+ResultT = TypeVar("ResultT")
+
+SEGMENT_PREFIX = "segment-"
+SEGMENT_SUFFIX = ".log"
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+_MAGIC_BYTES = RECORD_HEADER.pack(RECORD_MAGIC, 0, 0)[:4]
+
+
+def segment_name(first_position: int) -> str:
+    return f"{SEGMENT_PREFIX}{first_position:020d}{SEGMENT_SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    first_position: int
+    path: Path
+
+
+def list_segments(directory: Path) -> list[Segment]:
+    segments = []
+    for path in directory.glob(f"{SEGMENT_PREFIX}*{SEGMENT_SUFFIX}"):
+        digits = path.name[len(SEGMENT_PREFIX) : -len(SEGMENT_SUFFIX)]
+        if digits.isdigit():
+            segments.append(Segment(int(digits), path))
+    return sorted(segments, key=lambda segment: segment.first_position)
+
+
+def fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def iterate_segment(segment: Segment) -> Iterator[tuple[LogBatch, int]]:
+    """Yield (batch, end offset) for each record; raise on any damage."""
+    data = segment.path.read_bytes()
+    offset = 0
+    expected = segment.first_position
+    while offset < len(data):
+        try:
+            batch, next_offset = decode_batch_at(data, offset)
+        except RecordCorruptedError as error:
+            raise LogCorruptedError(f"{segment.path}: {error}") from error
+        if batch.first_position != expected:
+            raise LogCorruptedError(
+                f"{segment.path}: record at offset {offset} starts at position "
+                f"{batch.first_position}, expected {expected}"
+            )
+        expected = batch.last_position + 1
+        offset = next_offset
+        yield batch, offset
+
+
+def _valid_record_after(data: bytes, start: int) -> int | None:
+    """Offset of the first fully valid record after `start`, if any."""
+    search_from = start + 1
+    while True:
+        candidate = data.find(_MAGIC_BYTES, search_from)
+        if candidate < 0:
+            return None
+        try:
+            decode_batch_at(data, candidate)
+        except RecordCorruptedError:
+            search_from = candidate + 1
+            continue
+        return candidate
+
+
+class FileLogStore:
+    """`LogStore` over segment files; blocking work runs on one writer thread."""
+
+    def __init__(self, directory: Path, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-writer")
+        self._lock_descriptor: int | None = None
+        self._active_descriptor: int | None = None
+        self._active_size = 0
+        self._next_position = 1
+        self.appended_records = 0
+        self.appended_bytes = 0
+
+    # --- synchronous core, usable directly by tools and tests -----------------
+
+    def open_sync(self) -> LogTail:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._acquire_lock()
+        segments = list_segments(self.directory)
+        torn = 0
+        last_position = 0
+        consensus_time_ms = 0
+        while segments:
+            newest = segments[-1]
+            dropped, tail_batch = self._repair_segment(newest)
+            torn += dropped
+            if tail_batch is not None:
+                last_position = tail_batch.last_position
+                consensus_time_ms = tail_batch.consensus_time_ms
+                break
+            if len(segments) == 1:
+                last_position = newest.first_position - 1
+                break
+            # An empty newest segment (crash during a roll) carries no entry: drop it.
+            newest.path.unlink()
+            fsync_directory(self.directory)
+            segments.pop()
+        first_position = segments[0].first_position if segments else 1
+        self._next_position = last_position + 1
+        if segments:
+            self._open_active(segments[-1].path)
+        return LogTail(first_position, last_position, consensus_time_ms, torn)
+
+    def append_sync(self, batch: LogBatch, record: bytes) -> None:
+        if batch.first_position != self._next_position:
+            raise LogCorruptedError(
+                f"append at position {batch.first_position}, log expects {self._next_position}"
+            )
+        if self._active_descriptor is None or self._active_size >= self.segment_bytes:
+            self._roll(batch.first_position)
+        descriptor = self._active_descriptor
+        if descriptor is None:
+            raise LogFencedError("log is not open for appending")
+        view = memoryview(record)
+        while view:
+            written = os.write(descriptor, view)
+            view = view[written:]
+        os.fdatasync(descriptor)
+        self._active_size += len(record)
+        self._next_position = batch.last_position + 1
+        self.appended_records += 1
+        self.appended_bytes += len(record)
+
+    def read_sync(self, position: int) -> Iterator[LogBatch]:
+        segments = list_segments(self.directory)
+        if segments and position < segments[0].first_position:
+            raise LogCorruptedError(
+                f"position {position} was truncated; the log starts at {segments[0].first_position}"
+            )
+        for index, segment in enumerate(segments):
+            following = segments[index + 1] if index + 1 < len(segments) else None
+            if following is not None and following.first_position <= position:
+                continue
+            for batch, _ in iterate_segment(segment):
+                if batch.last_position < position:
+                    continue
+                yield batch
+
+    def truncate_before_sync(self, position: int) -> int:
+        """Delete whole segments whose entries all lie before `position`."""
+        segments = list_segments(self.directory)
+        removed = 0
+        for index, segment in enumerate(segments[:-1]):
+            if segments[index + 1].first_position <= position:
+                segment.path.unlink()
+                removed += 1
+        if removed:
+            fsync_directory(self.directory)
+        return removed
+
+    def close_sync(self) -> None:
+        if self._active_descriptor is not None:
+            os.close(self._active_descriptor)
+            self._active_descriptor = None
+        if self._lock_descriptor is not None:
+            os.close(self._lock_descriptor)
+            self._lock_descriptor = None
+
+    # --- LogStore protocol ------------------------------------------------------
+
+    async def open(self) -> LogTail:
+        return await self._run(self.open_sync)
+
+    def append(self, batch: LogBatch, record: bytes) -> asyncio.Future[None]:
+        return self._run(self.append_sync, batch, record)
+
+    async def read_from(self, position: int) -> AsyncIterator[LogBatch]:
+        for batch in self.read_sync(position):
+            yield batch
+
+    async def truncate_before(self, position: int) -> None:
+        await self._run(self.truncate_before_sync, position)
+
+    async def close(self) -> None:
+        await self._run(self.close_sync)
+        self._executor.shutdown(wait=True)
+
+    # --- internals ----------------------------------------------------------------
+
+    def _run(self, function: Callable[..., ResultT], *arguments: object) -> asyncio.Future[ResultT]:
+        """Submit to the writer thread at once; the caller awaits when it needs to."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, function, *arguments)
+
+    def _acquire_lock(self) -> None:
+        if self._lock_descriptor is not None:
+            return
+        descriptor = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as error:
+            os.close(descriptor)
+            raise LogFencedError(
+                f"another process is writing the log in {self.directory}"
+            ) from error
+        self._lock_descriptor = descriptor
+
+    def _repair_segment(self, segment: Segment) -> tuple[int, LogBatch | None]:
+        """Cut a torn tail off `segment`; return (bytes dropped, last valid batch)."""
+        data = segment.path.read_bytes()
+        offset = 0
+        last: LogBatch | None = None
+        expected = segment.first_position
+        while offset < len(data):
+            try:
+                batch, next_offset = decode_batch_at(data, offset)
+            except RecordCorruptedError as error:
+                valid_after = _valid_record_after(data, offset)
+                if valid_after is not None:
+                    raise LogCorruptedError(
+                        f"{segment.path}: damaged record at offset {offset} ({error}) is "
+                        f"followed by a valid record at offset {valid_after}; refusing to "
+                        "truncate acknowledged entries"
+                    ) from error
+                dropped = len(data) - offset
+                log.warning(
+                    "log.torn_tail_truncated",
+                    segment=str(segment.path),
+                    offset=offset,
+                    dropped_bytes=dropped,
+                    reason=str(error),
+                )
+                with segment.path.open("r+b") as handle:
+                    handle.truncate(offset)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                return dropped, last
+            if batch.first_position != expected:
+                raise LogCorruptedError(
+                    f"{segment.path}: record at offset {offset} starts at position "
+                    f"{batch.first_position}, expected {expected}"
+                )
+            expected = batch.last_position + 1
+            last = batch
+            offset = next_offset
+        return 0, last
+
+    def _open_active(self, path: Path) -> None:
+        if self._active_descriptor is not None:
+            os.close(self._active_descriptor)
+        self._active_descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._active_size = os.fstat(self._active_descriptor).st_size
+
+    def _roll(self, first_position: int) -> None:
+        path = self.directory / segment_name(first_position)
+        self._open_active(path)
+        fsync_directory(self.directory)
