@@ -13,9 +13,7 @@ import sys
 from collections.abc import Sequence
 
 # (subcommand, module that provides `register`)
-SUBCOMMANDS: tuple[tuple[str, str], ...] = (
-    ("bench", "services.bench.command"),
-)
+SUBCOMMANDS: tuple[tuple[str, str], ...] = (("bench", "services.bench.command"),)
 
 
 def build_parser() -> argparse.ArgumentParser:
