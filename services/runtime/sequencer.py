@@ -161,6 +161,20 @@ class Sequencer(Generic[EgressT]):
     # --- the loop -------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Form, append and apply batches until stopped; on failure, fail every waiter."""
+        try:
+            await self._run_batches()
+        except BaseException as error:
+            self._stopping = True
+            failure = error if isinstance(error, Exception) else IngressFullError("stopped")
+            while self._pending:
+                submission = self._pending.popleft()
+                if not submission.future.done():
+                    submission.future.set_exception(failure)
+            self._pending_entries = 0
+            raise
+
+    async def _run_batches(self) -> None:
         loop = asyncio.get_running_loop()
         timer_interval = self.settings.timer_interval_ms
         if timer_interval:
@@ -241,9 +255,10 @@ class Sequencer(Generic[EgressT]):
         for submission in taken:
             count = len(submission.payloads)
             if not submission.future.done():
-                submission.future.set_result(
-                    Receipt[EgressT](first + cursor, outputs[cursor : cursor + count])
+                receipt: Receipt[EgressT] = Receipt(
+                    first + cursor, outputs[cursor : cursor + count]
                 )
+                submission.future.set_result(receipt)
             cursor += count
         if self._on_durable is not None:
             self._on_durable(batch, outputs)
