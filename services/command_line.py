@@ -13,7 +13,11 @@ import sys
 from collections.abc import Sequence
 
 # (subcommand, module that provides `register`)
-SUBCOMMANDS: tuple[tuple[str, str], ...] = (("bench", "services.bench.command"),)
+SUBCOMMANDS: tuple[tuple[str, str], ...] = (
+    ("up", "services.mesh.command"),
+    ("infra", "services.infra.command"),
+    ("bench", "services.bench.command"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,1 @@
+"""`oms up`: the whole mesh on one machine, as supervised child processes."""

@@ -1,0 +1,76 @@
+"""`oms up` (what `make run` runs) brings infrastructure up and stops cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from services.infra.local_infra import LocalInfra, ServerState
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _lines(process: subprocess.Popen[str]) -> queue.Queue[str]:
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        if process.stdout is None:
+            return
+        for line in process.stdout:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def _wait_for(lines: queue.Queue[str], needle: str, seen: list[str], deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        seen.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"{needle!r} not printed; output so far:\n{''.join(seen)}")
+
+
+def test_oms_up_starts_infra_and_stops_on_interrupt(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("OMS_ETCD_ENDPOINTS", "OMS_DATABASE_URL")
+    }
+    environment["PYTHONPATH"] = str(ROOT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.command_line", "up", "--state-dir", str(state_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+    )
+    seen: list[str] = []
+    try:
+        lines = _lines(process)
+        _wait_for(lines, "press Ctrl-C", seen, 60)
+        running = {status.name: status.state for status in LocalInfra(state_dir).status()}
+        assert running == {"etcd": ServerState.RUNNING, "postgres": ServerState.RUNNING}
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        _wait_for(lines, "[mesh] stopped", seen, 10)
+        stopped = {status.name: status.state for status in LocalInfra(state_dir).status()}
+        assert stopped == {"etcd": ServerState.STOPPED, "postgres": ServerState.STOPPED}
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        LocalInfra(state_dir).down()
