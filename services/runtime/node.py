@@ -78,6 +78,7 @@ class RuntimeNode(Generic[EgressT]):
         self._sequencer: Sequencer[EgressT] | None = None
         self._last_snapshot_position = 0
         self._snapshot_tasks: set[asyncio.Task[int]] = set()
+        self._snapshot_requests: list[asyncio.Future[int]] = []
         self.snapshot_errors: list[BaseException] = []
 
     @property
@@ -143,49 +144,85 @@ class RuntimeNode(Generic[EgressT]):
         try:
             await self.sequencer.run()
         finally:
-            if self._snapshot_tasks:
-                await asyncio.gather(*self._snapshot_tasks, return_exceptions=True)
+            await self._settle_snapshots()
 
     def stop(self) -> None:
         self.sequencer.stop()
 
     async def close(self) -> None:
-        if self._snapshot_tasks:
-            await asyncio.gather(*self._snapshot_tasks, return_exceptions=True)
+        await self._settle_snapshots()
         await self.log_store.close()
 
     async def snapshot_now(self) -> int:
-        """Take a snapshot at the current (durable) position and wait for it."""
-        result = await self.snapshot_writer.take(self.replica)  # type: ignore[arg-type]
-        await self._after_snapshot(result.position)
-        return result.position
+        """Snapshot at a durable position and wait until it is published.
+
+        While the sequencer runs, the snapshot is taken between two batches (the
+        only place where everything applied is also durable); otherwise at once.
+        """
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._snapshot_requests.append(future)
+        if self.sequencer.running:
+            self.sequencer.request_turn()
+        else:
+            self._maybe_snapshot()
+        return await future
+
+    async def _settle_snapshots(self) -> None:
+        while self._snapshot_tasks:
+            await asyncio.gather(*self._snapshot_tasks, return_exceptions=True)
+        if self._snapshot_requests:  # asked for while stopping: everything applied is durable
+            self._maybe_snapshot()
+            while self._snapshot_tasks:
+                await asyncio.gather(*self._snapshot_tasks, return_exceptions=True)
 
     def _maybe_snapshot(self) -> None:
+        if self.snapshot_writer.in_progress_position is not None:
+            return
         interval = self.settings.snapshot_interval_entries
-        if not interval or self.snapshot_writer.in_progress_position is not None:
+        due = bool(interval) and (
+            self.replica.applied_position - self._last_snapshot_position >= interval
+        )
+        if not due and not self._snapshot_requests:
             return
-        if self.replica.applied_position - self._last_snapshot_position < interval:
-            return
+        waiters, self._snapshot_requests = self._snapshot_requests, []
         started = time.perf_counter_ns()
-        pid, position, pause = self.snapshot_writer.start(self.replica)  # type: ignore[arg-type]
+        try:
+            pid, position, pause = self.snapshot_writer.start(self.replica)  # type: ignore[arg-type]
+        except BaseException as error:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            raise
         task = asyncio.get_running_loop().create_task(
-            self.snapshot_writer.wait(pid, position, pause, started)
+            self._finish_snapshot(pid, position, pause, started, waiters)
         )
         self._snapshot_tasks.add(task)
-        task.add_done_callback(self._snapshot_done)
+        task.add_done_callback(self._snapshot_tasks.discard)
 
-    def _snapshot_done(self, task: asyncio.Task[int]) -> None:
-        self._snapshot_tasks.discard(task)
-        if task.cancelled():
-            return
-        error = task.exception()
-        if error is not None:
+    async def _finish_snapshot(
+        self,
+        pid: int,
+        position: int,
+        pause_ns: int,
+        started_ns: int,
+        waiters: list[asyncio.Future[int]],
+    ) -> int:
+        try:
+            await self.snapshot_writer.wait(pid, position, pause_ns, started_ns)
+            await self._after_snapshot(position)
+        except Exception as error:
             self.snapshot_errors.append(error)
             log.error("snapshot.failed", error=str(error))
-            return
-        follow_up = asyncio.get_running_loop().create_task(self._after_snapshot(task.result()))
-        self._snapshot_tasks.add(follow_up)
-        follow_up.add_done_callback(self._snapshot_tasks.discard)
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            return position
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(position)
+        if self._snapshot_requests and self._sequencer is not None and self._sequencer.running:
+            self._sequencer.request_turn()
+        return position
 
     async def _after_snapshot(self, position: int) -> int:
         self._last_snapshot_position = position

@@ -98,6 +98,8 @@ class Sequencer(Generic[EgressT]):
         self._capacity = asyncio.Event()
         self._capacity.set()
         self._stopping = False
+        self._turn_requested = False
+        self.running = False
         self._consensus_time_ms = replica.consensus_time_ms
         self._next_timer_ms = 0
         self._last_checkpoint_sent = replica.latest_hash[0] if replica.latest_hash else 0
@@ -142,6 +144,11 @@ class Sequencer(Generic[EgressT]):
         """Return once the ingress has room again (the backpressure signal)."""
         await self._capacity.wait()
 
+    def request_turn(self) -> None:
+        """Run one loop turn soon, even if idle, so `between_batches` gets called."""
+        self._turn_requested = True
+        self._wake.set()
+
     def stop(self) -> None:
         """Finish what is queued, then leave `run`."""
         self._stopping = True
@@ -162,6 +169,7 @@ class Sequencer(Generic[EgressT]):
 
     async def run(self) -> None:
         """Form, append and apply batches until stopped; on failure, fail every waiter."""
+        self.running = True
         try:
             await self._run_batches()
         except BaseException as error:
@@ -173,6 +181,8 @@ class Sequencer(Generic[EgressT]):
                     submission.future.set_exception(failure)
             self._pending_entries = 0
             raise
+        finally:
+            self.running = False
 
     async def _run_batches(self) -> None:
         loop = asyncio.get_running_loop()
@@ -180,7 +190,7 @@ class Sequencer(Generic[EgressT]):
         if timer_interval:
             self._next_timer_ms = self._clock_ms()
         while True:
-            if not self._pending:
+            if not self._pending and not self._turn_requested:
                 if self._stopping:
                     return
                 now_ms = self._clock_ms()
@@ -193,6 +203,7 @@ class Sequencer(Generic[EgressT]):
                     await self._wake.wait()
                     if handle is not None:
                         handle.cancel()
+            self._turn_requested = False
             await self._run_one_batch()
             if self._between_batches is not None:
                 self._between_batches()
