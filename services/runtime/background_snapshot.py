@@ -11,12 +11,17 @@ inherited thread, event loop or atexit hook runs in it.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.runtime.core.replica import Replica
 from services.runtime.snapshot_files import FileSnapshotStore, Snapshot, write_snapshot_file
+
+_PR_SET_PDEATHSIG = 1
 
 
 class SnapshotFailedError(RuntimeError):
@@ -30,9 +35,21 @@ class SnapshotResult:
     total_ns: int  # from fork until the snapshot was published
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this child if its parent dies (an orphan must not linger)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the child still exits when done
+        return
+
+
 class ForkedSnapshotWriter:
-    def __init__(self, store: FileSnapshotStore) -> None:
+    def __init__(
+        self, store: FileSnapshotStore, release_in_child: Callable[[], None] | None = None
+    ) -> None:
         self.store = store
+        self._release_in_child = release_in_child
         self.in_progress_position: int | None = None
         self.last_result: SnapshotResult | None = None
         self.longest_fork_pause_ns = 0
@@ -49,6 +66,9 @@ class ForkedSnapshotWriter:
         if pid == 0:  # child: serialize and leave without running any parent cleanup
             exit_code = 1
             try:
+                _die_with_parent()
+                if self._release_in_child is not None:
+                    self._release_in_child()
                 machine = replica.machine
                 snapshot = Snapshot(
                     position, consensus_time_ms, machine.state_hash(), machine.snapshot()

@@ -17,6 +17,7 @@ segments are verified as they are read during recovery.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -33,6 +34,7 @@ from services.runtime.core.log_batch import (
     LogBatch,
     RecordCorruptedError,
     decode_batch_at,
+    record_length_at,
 )
 from services.runtime.errors import LogCorruptedError, LogFencedError
 from services.runtime.log_store import LogTail
@@ -45,7 +47,7 @@ SEGMENT_SUFFIX = ".log"
 SPARE_SEGMENT = "spare-segment.tmp"
 DEFAULT_SEGMENT_BYTES = 32 * 1024 * 1024
 _ZERO_CHUNK = bytes(1024 * 1024)
-_MAGIC_BYTES = RECORD_HEADER.pack(RECORD_MAGIC, 0, 0)[:4]
+_MAGIC_BYTES = RECORD_MAGIC.to_bytes(4, "little")
 _EMPTY_HEADER = bytes(RECORD_HEADER.size)
 
 
@@ -125,19 +127,29 @@ def iterate_segment(segment: Segment) -> Iterator[tuple[LogBatch, int]]:
         yield batch, offset
 
 
-def _valid_record_after(data: bytes, start: int) -> int | None:
-    """Offset of the first fully valid record after `start`, if any."""
+def _valid_record_after(data: bytes, start: int, next_position: int) -> int | None:
+    """Offset of a valid record after the damaged one at `start` that continues the log.
+
+    When the damaged record's header checksum holds, its length is trusted and
+    the search starts past it: a torn record's payload may itself contain an
+    encoded record (commands are opaque bytes) and must not be mistaken for
+    acknowledged data. Only a record carrying a later position counts.
+    """
     search_from = start + 1
+    with contextlib.suppress(RecordCorruptedError):
+        search_from = start + record_length_at(data, start)
     while True:
         candidate = data.find(_MAGIC_BYTES, search_from)
         if candidate < 0:
             return None
         try:
-            decode_batch_at(data, candidate)
+            batch, _ = decode_batch_at(data, candidate)
         except RecordCorruptedError:
             search_from = candidate + 1
             continue
-        return candidate
+        if batch.first_position >= next_position:
+            return candidate
+        search_from = candidate + 1
 
 
 def _write_all(descriptor: int, data: bytes | memoryview, offset: int) -> None:
@@ -238,14 +250,23 @@ class FileLogStore:
             raise LogCorruptedError(
                 f"position {position} was truncated; the log starts at {segments[0].first_position}"
             )
+        expected: int | None = None
         for index, segment in enumerate(segments):
             following = segments[index + 1] if index + 1 < len(segments) else None
             if following is not None and following.first_position <= position:
                 continue
+            if expected is not None and segment.first_position != expected:
+                raise LogCorruptedError(
+                    f"{segment.path}: starts at position {segment.first_position} but the "
+                    f"previous segment ends before {expected}: entries are missing"
+                )
             for batch, _ in iterate_segment(segment):
+                expected = batch.last_position + 1
                 if batch.last_position < position:
                     continue
                 yield batch
+            if expected is None or expected < segment.first_position:
+                expected = segment.first_position
 
     def truncate_before_sync(self, position: int) -> int:
         """Delete whole segments whose entries all lie before `position`."""
@@ -258,6 +279,12 @@ class FileLogStore:
         if removed:
             fsync_directory(self.directory)
         return removed
+
+    def release_in_forked_child(self) -> None:
+        """In a forked child: drop inherited descriptors so the lock dies with the parent."""
+        for descriptor in (self._lock_descriptor, self._active_descriptor):
+            if descriptor is not None:
+                os.close(descriptor)
 
     def close_sync(self) -> None:
         if self._spare is not None:
@@ -319,7 +346,7 @@ class FileLogStore:
             try:
                 batch, next_offset = decode_batch_at(data, offset)
             except RecordCorruptedError as error:
-                valid_after = _valid_record_after(data, offset)
+                valid_after = _valid_record_after(data, offset, expected)
                 if valid_after is not None:
                     raise LogCorruptedError(
                         f"{segment.path}: damaged record at offset {offset} ({error}) is "

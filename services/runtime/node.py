@@ -72,7 +72,9 @@ class RuntimeNode(Generic[EgressT]):
         self.snapshots = FileSnapshotStore(
             settings.data_dir / "snapshots", settings.snapshots_retained
         )
-        self.snapshot_writer = ForkedSnapshotWriter(self.snapshots)
+        self.snapshot_writer = ForkedSnapshotWriter(
+            self.snapshots, getattr(self.log_store, "release_in_forked_child", None)
+        )
         self._clock_ms = clock_ms
         self._on_durable = on_durable
         self._sequencer: Sequencer[EgressT] | None = None
@@ -183,6 +185,20 @@ class RuntimeNode(Generic[EgressT]):
             self.replica.applied_position - self._last_snapshot_position >= interval
         )
         if not due and not self._snapshot_requests:
+            return
+        sequencer = self._sequencer
+        if sequencer is not None and sequencer.durable_position != self.replica.applied_position:
+            if sequencer.running:
+                return  # a record is still being written: the next turn will do
+            # The loop stopped mid-record: this state may never become durable.
+            error = SnapshotUnavailableError(
+                f"applied position {self.replica.applied_position} is past the durable "
+                f"position {sequencer.durable_position}; recover from the log instead"
+            )
+            for waiter in self._snapshot_requests:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            self._snapshot_requests = []
             return
         waiters, self._snapshot_requests = self._snapshot_requests, []
         started = time.perf_counter_ns()

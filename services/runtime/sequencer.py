@@ -100,9 +100,12 @@ class Sequencer(Generic[EgressT]):
         self._stopping = False
         self._turn_requested = False
         self.running = False
+        # Applying overlaps the write, so the replica can be one record ahead of this.
+        self.durable_position = replica.applied_position
         self._consensus_time_ms = replica.consensus_time_ms
         self._next_timer_ms = 0
-        self._last_checkpoint_sent = replica.latest_hash[0] if replica.latest_hash else 0
+        # After recovery, the newest hash may never have been logged: send it again.
+        self._last_checkpoint_sent = 0
         self._batches = 0
         self._entries = 0
         self._last_batch_entries = 0
@@ -257,6 +260,7 @@ class Sequencer(Generic[EgressT]):
                 if not submission.future.done():
                     submission.future.set_exception(error)
             raise
+        self.durable_position = batch.last_position
         self._consensus_time_ms = consensus_time_ms
         self._batches += 1
         self._entries += len(entries)

@@ -1,7 +1,11 @@
 """Snapshot files: one consistent image of a state machine at one log position.
 
     magic u32 | format u16 | position u64 | consensus_time_ms u64 |
-    hash_length u16 | body_length u64 | crc32(hash + body) u32 | hash | body
+    hash_length u16 | body_length u64 | crc32(header fields + hash + body) u32 |
+    hash | body
+
+The checksum covers the header fields too: a flipped bit in `position` would
+otherwise skip log entries silently. The position must also match the name.
 
 A snapshot is written to a temporary name, fsynced, then renamed into place and
 the folder fsynced, so a crash leaves either the old set or the new one. Loading
@@ -26,6 +30,7 @@ log = structlog.get_logger(__name__)
 SNAPSHOT_MAGIC = 0x4F4D5353  # "OMSS"
 SNAPSHOT_FORMAT = 1
 SNAPSHOT_HEADER = struct.Struct("<IHQQHQI")
+_CHECKED_FIELDS = struct.Struct("<IHQQHQ")
 SNAPSHOT_PREFIX = "snapshot-"
 SNAPSHOT_SUFFIX = ".snap"
 
@@ -48,16 +53,16 @@ def snapshot_name(position: int) -> str:
 
 def write_snapshot_file(path: Path, snapshot: Snapshot) -> None:
     """Write and fsync `snapshot` to `path` (not yet published)."""
-    checksum = zlib.crc32(snapshot.body, zlib.crc32(snapshot.state_hash))
-    header = SNAPSHOT_HEADER.pack(
+    fields = (
         SNAPSHOT_MAGIC,
         SNAPSHOT_FORMAT,
         snapshot.position,
         snapshot.consensus_time_ms,
         len(snapshot.state_hash),
         len(snapshot.body),
-        checksum,
     )
+    checksum = _checksum(_CHECKED_FIELDS.pack(*fields), snapshot.state_hash, snapshot.body)
+    header = SNAPSHOT_HEADER.pack(*fields, checksum)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         for chunk in (header, snapshot.state_hash, snapshot.body):
@@ -69,7 +74,11 @@ def write_snapshot_file(path: Path, snapshot: Snapshot) -> None:
         os.close(descriptor)
 
 
-def read_snapshot_file(path: Path) -> Snapshot:
+def _checksum(fields: bytes, state_hash: bytes, body: bytes) -> int:
+    return zlib.crc32(body, zlib.crc32(state_hash, zlib.crc32(fields)))
+
+
+def read_snapshot_file(path: Path, expected_position: int | None = None) -> Snapshot:
     data = path.read_bytes()
     if len(data) < SNAPSHOT_HEADER.size:
         raise SnapshotCorruptedError(f"{path}: truncated header")
@@ -86,8 +95,15 @@ def read_snapshot_file(path: Path) -> Snapshot:
         )
     state_hash = data[hash_start:body_start]
     body = data[body_start:]
-    if zlib.crc32(body, zlib.crc32(state_hash)) != checksum:
+    fields = _CHECKED_FIELDS.pack(
+        magic, file_format, position, consensus_time_ms, hash_length, body_length
+    )
+    if _checksum(fields, state_hash, body) != checksum:
         raise SnapshotCorruptedError(f"{path}: checksum mismatch")
+    if expected_position is not None and position != expected_position:
+        raise SnapshotCorruptedError(
+            f"{path}: holds position {position} but is named for {expected_position}"
+        )
     return Snapshot(position, consensus_time_ms, state_hash, body)
 
 
@@ -135,7 +151,7 @@ class FileSnapshotStore:
                 break
             path = self.path_for(position)
             try:
-                return read_snapshot_file(path)
+                return read_snapshot_file(path, expected_position=position)
             except SnapshotCorruptedError as error:
                 log.error("snapshot.corrupted_skipped", path=str(path), reason=str(error))
         return None

@@ -24,6 +24,8 @@ _MASK = (1 << 64) - 1
 _MIX_A = 0x9E3779B97F4A7C15
 _MIX_B = 0xC2B2AE3D27D4EB4F
 _REFUSED: tuple[tuple[int, None]] = ((0, None),)
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
 
 
 def encode_increment(key: int, delta: int) -> bytes:
@@ -51,6 +53,8 @@ class CounterMachine:
         counters = self.counters
         old = counters.get(key)
         new = delta if old is None else old + delta
+        if not _INT64_MIN <= new <= _INT64_MAX:
+            return ((key, None),)  # refused: the value must stay a signed 64-bit integer
         if old is not None:
             self._digest_sum -= _mix(key, old)
         self._digest_sum = (self._digest_sum + _mix(key, new)) & _MASK

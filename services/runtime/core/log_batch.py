@@ -2,12 +2,14 @@
 
 On disk and on the wire a record is
 
-    magic u32 | body_length u32 | crc32(body) u32 | body
+    magic u32 | body_length u32 | crc32(body) u32 | crc32(first 12 bytes) u32 | body
     body = first_position u64 | consensus_time_ms u64 | entry_count u32 | entry*
     entry = kind u8 | payload_length u32 | payload
 
-The checksum covers the body so a torn or flipped record is detected before a
-single entry of it is applied. Both sides check their invariants: encoding
+The body checksum detects a torn or flipped record before a single entry of it
+is applied; the header has its own checksum so that, when a record is damaged,
+the log can still tell whether its declared length is trustworthy (and so where
+the next record would start). Both sides check their invariants: encoding
 refuses an empty or oversized batch, decoding refuses a body whose entries do
 not add up to its declared length.
 """
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from services.runtime.core.state_machine import EntryKind
 
 RECORD_MAGIC = 0x4F4D534C  # "OMSL"
-RECORD_HEADER = struct.Struct("<III")
+RECORD_HEADER = struct.Struct("<IIII")
+_HEADER_FIELDS = struct.Struct("<III")
 BODY_HEADER = struct.Struct("<QQI")
 ENTRY_HEADER = struct.Struct("<BI")
 MAX_RECORD_BODY_BYTES = 64 * 1024 * 1024
@@ -56,19 +59,30 @@ def encode_batch(batch: LogBatch) -> bytes:
     pack_entry = ENTRY_HEADER.pack
     parts = [BODY_HEADER.pack(batch.first_position, batch.consensus_time_ms, len(batch.entries))]
     for kind, payload in batch.entries:
+        if kind not in _VALID_KINDS:
+            raise ValueError(f"unknown entry kind {kind}")
         parts.append(pack_entry(kind, len(payload)))
         parts.append(payload)
     body = b"".join(parts)
     if len(body) > MAX_RECORD_BODY_BYTES:
         raise ValueError(f"record body of {len(body)} bytes exceeds {MAX_RECORD_BODY_BYTES}")
-    return RECORD_HEADER.pack(RECORD_MAGIC, len(body), zlib.crc32(body)) + body
+    return frame_record(body)
+
+
+def frame_record(body: bytes) -> bytes:
+    """Header (with both checksums) followed by `body`."""
+    fields = _HEADER_FIELDS.pack(RECORD_MAGIC, len(body), zlib.crc32(body))
+    return fields + zlib.crc32(fields).to_bytes(4, "little") + body
 
 
 def record_length_at(buffer: bytes | memoryview, offset: int) -> int:
     """Total length of the record starting at `offset`, validating only its header."""
     if len(buffer) - offset < RECORD_HEADER.size:
         raise RecordCorruptedError(f"truncated record header at offset {offset}")
-    magic, body_length, _ = RECORD_HEADER.unpack_from(buffer, offset)
+    magic, body_length, _, header_checksum = RECORD_HEADER.unpack_from(buffer, offset)
+    fields = bytes(buffer[offset : offset + _HEADER_FIELDS.size])
+    if zlib.crc32(fields) != header_checksum:
+        raise RecordCorruptedError(f"header checksum mismatch at offset {offset}")
     if magic != RECORD_MAGIC:
         raise RecordCorruptedError(f"bad record magic {magic:#x} at offset {offset}")
     if body_length > MAX_RECORD_BODY_BYTES or body_length < BODY_HEADER.size:
@@ -82,7 +96,7 @@ def decode_batch_at(buffer: bytes | memoryview, offset: int = 0) -> tuple[LogBat
     total = record_length_at(buffer, offset)
     if len(buffer) - offset < total:
         raise RecordCorruptedError(f"truncated record body at offset {offset}")
-    _, body_length, checksum = RECORD_HEADER.unpack_from(buffer, offset)
+    _, body_length, checksum, _ = RECORD_HEADER.unpack_from(buffer, offset)
     body_start = offset + RECORD_HEADER.size
     body = bytes(buffer[body_start : body_start + body_length])
     if zlib.crc32(body) != checksum:
