@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import os
 import signal
 import time
@@ -62,10 +63,15 @@ class ForkedSnapshotWriter:
         consensus_time_ms = replica.consensus_time_ms
         staging = self.store.staging_path(position)
         started = time.perf_counter_ns()
+        # Frozen objects are skipped by the cyclic collector in both processes, so
+        # neither a collection in the parent nor one in the child walks (and so
+        # copies) every page of the state while the child is serializing it.
+        gc.freeze()
         pid = os.fork()
         if pid == 0:  # child: serialize and leave without running any parent cleanup
             exit_code = 1
             try:
+                gc.disable()
                 _die_with_parent()
                 if self._release_in_child is not None:
                     self._release_in_child()
@@ -95,6 +101,7 @@ class ForkedSnapshotWriter:
             await loop.run_in_executor(None, self.store.publish, position)
         finally:
             self.in_progress_position = None
+            gc.unfreeze()
         self.last_result = SnapshotResult(
             position, fork_pause_ns, time.perf_counter_ns() - started_ns
         )
