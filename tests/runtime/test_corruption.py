@@ -418,10 +418,13 @@ async def test_a_snapshot_child_does_not_keep_the_log_fenced(tmp_path: Path) -> 
     `snapshot()` by a pipe, and the parent releases its own descriptors (as if it died).
     """
     read_end, write_end = os.pipe()
+    reached_read, reached_write = os.pipe()
 
     class HeldMachine(CounterMachine):
         def snapshot(self) -> bytes:
-            os.read(read_end, 1)  # runs in the child only
+            # Runs in the child only: say it is serializing, then wait to be let go.
+            os.write(reached_write, b"r")
+            os.read(read_end, 1)
             return super().snapshot()
 
     node = RuntimeNode(
@@ -433,6 +436,8 @@ async def test_a_snapshot_child_does_not_keep_the_log_fenced(tmp_path: Path) -> 
     try:
         await node.recover()
         child, _, _ = node.snapshot_writer.start(node.replica)  # type: ignore[arg-type]
+        # The child serializes for seconds in real life; it must not hold the lock meanwhile.
+        await asyncio.get_running_loop().run_in_executor(None, os.read, reached_read, 1)
         await node.close()  # the parent's lock descriptor is closed, as at process death
         restarted = FileLogStore(tmp_path / "log", segment_bytes=SMALL_SEGMENT)
         try:
@@ -443,8 +448,8 @@ async def test_a_snapshot_child_does_not_keep_the_log_fenced(tmp_path: Path) -> 
         os.write(write_end, b"go")
         if child is not None:
             await asyncio.get_running_loop().run_in_executor(None, os.waitpid, child, 0)
-        os.close(read_end)
-        os.close(write_end)
+        for descriptor in (read_end, write_end, reached_read, reached_write):
+            os.close(descriptor)
 
 
 # --- (f) (g) snapshots ------------------------------------------------------------------------
