@@ -76,7 +76,7 @@ class RuntimeNode(Generic[EgressT]):
             self.snapshots, getattr(self.log_store, "release_in_forked_child", None)
         )
         self._clock_ms = clock_ms
-        self._on_durable = on_durable
+        self.on_durable = on_durable  # may be set until recover() builds the sequencer
         self._sequencer: Sequencer[EgressT] | None = None
         self._last_snapshot_position = 0
         self._snapshot_tasks: set[asyncio.Task[int]] = set()
@@ -89,7 +89,12 @@ class RuntimeNode(Generic[EgressT]):
             raise RuntimeError("recover() the node before using its sequencer")
         return self._sequencer
 
-    async def recover(self) -> RecoveryReport:
+    async def recover(self, on_replayed: DurableHandler[EgressT] | None = None) -> RecoveryReport:
+        """Newest valid snapshot + replay of the log after it; no database read.
+
+        `on_replayed` receives the egress of every replayed record, so a durable
+        egress feed covers the tail again after a restart.
+        """
         started = time.perf_counter()
         tail = await self.log_store.open()
         snapshot = self.snapshots.load_newest_valid()
@@ -118,7 +123,9 @@ class RuntimeNode(Generic[EgressT]):
         replayed = 0
         if has_entries and tail.last_position >= start:
             async for batch in self.log_store.read_from(start):
-                replica.apply_batch(batch)
+                outputs = replica.apply_batch(batch)
+                if on_replayed is not None:
+                    on_replayed(batch, outputs)
                 replayed += len(batch.entries)
         if replica.applied_position < tail.last_position:
             raise LogCorruptedError(
@@ -129,7 +136,7 @@ class RuntimeNode(Generic[EgressT]):
             self.log_store,
             settings=self.settings.sequencer,
             clock_ms=self._clock_ms,
-            on_durable=self._on_durable,
+            on_durable=self.on_durable,
             between_batches=self._maybe_snapshot,
         )
         report = RecoveryReport(

@@ -1,0 +1,125 @@
+"""Durable egress, kept for a bounded window so consumers can resume.
+
+The sequencer hands over each record's egress once the record is durable. The
+feed keeps the most recent `retained_records` of them keyed by log position; a
+consumer (the persister, the bridge) subscribes from the position after the
+last one it processed and receives everything from there, then new records as
+they become durable. A consumer that asks for a position that has left the
+window gets `EgressWindowExceededError` and must rebuild from state instead
+(the bridge does that from the shard's in-flight sagas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from services.runtime.core.log_batch import LogBatch
+
+EgressT = TypeVar("EgressT")
+
+
+class EgressWindowExceededError(LookupError):
+    """The requested position is older than the retained window."""
+
+
+@dataclass(frozen=True, slots=True)
+class EgressRecord(Generic[EgressT]):
+    first_position: int
+    last_position: int
+    items: Sequence[tuple[int, EgressT]]  # (log position, item)
+
+
+class DurableEgressFeed(Generic[EgressT]):
+    def __init__(
+        self,
+        retained_records: int = 100_000,
+        select: Callable[[EgressT], bool] | None = None,
+    ) -> None:
+        if retained_records < 1:
+            raise ValueError("retained_records must be positive")
+        self._records: deque[EgressRecord[EgressT]] = deque(maxlen=retained_records)
+        self._select = select
+        self._changed = asyncio.Condition()
+        self._durable_position = 0
+        self._closed = False
+
+    @property
+    def durable_position(self) -> int:
+        return self._durable_position
+
+    def start_at(self, position: int) -> None:
+        """After recovery: nothing before `position + 1` will ever be published here."""
+        self._durable_position = position
+
+    def publish(self, batch: LogBatch, outputs: list[Sequence[EgressT]]) -> None:
+        """The sequencer's `on_durable` hook: called once per durable record."""
+        select = self._select
+        position = batch.first_position
+        items: list[tuple[int, EgressT]] = []
+        for output in outputs:
+            for item in output:
+                if select is None or select(item):
+                    items.append((position, item))
+            position += 1
+        self._records.append(EgressRecord(batch.first_position, batch.last_position, items))
+        self._durable_position = batch.last_position
+        loop_notify = asyncio.get_running_loop().create_task(self._notify())
+        loop_notify.add_done_callback(_consume_result)
+
+    def close(self) -> None:
+        self._closed = True
+        asyncio.get_running_loop().create_task(self._notify()).add_done_callback(_consume_result)
+
+    async def subscribe(self, from_position: int) -> AsyncIterator[EgressRecord[EgressT]]:
+        """Records holding positions >= `from_position`, then new ones as they come."""
+        next_position = from_position
+        while True:
+            ready = self._records_from(next_position)
+            for record in ready:
+                yield record
+                next_position = record.last_position + 1
+            if ready:
+                continue
+            if self._closed:
+                return
+            async with self._changed:
+                if not self._records_from(next_position) and not self._closed:
+                    await self._changed.wait()
+
+    def _records_from(self, position: int) -> list[EgressRecord[EgressT]]:
+        records = self._records
+        if not records or position > records[-1].last_position:
+            if position <= self._durable_position and (
+                not records or position < records[0].first_position
+            ):
+                raise EgressWindowExceededError(
+                    f"position {position} is older than the retained egress window"
+                )
+            return []
+        if position < records[0].first_position:
+            raise EgressWindowExceededError(
+                f"position {position} is older than the retained egress window "
+                f"(oldest {records[0].first_position})"
+            )
+        # Records are contiguous and ordered: find the first that ends at or after position.
+        low, high = 0, len(records) - 1
+        while low < high:
+            middle = (low + high) // 2
+            if records[middle].last_position < position:
+                low = middle + 1
+            else:
+                high = middle
+        return [records[index] for index in range(low, len(records))]
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+
+def _consume_result(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

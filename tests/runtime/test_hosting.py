@@ -1,0 +1,96 @@
+"""RuntimeHost and DurableEgressFeed with a real gRPC server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.runtime.core.counter_machine import CounterMachine, encode_increment
+from services.runtime.egress_feed import DurableEgressFeed, EgressWindowExceededError
+from services.runtime.hosting import HostPlan, RuntimeHost
+from services.runtime.node import NodeSettings, RuntimeNode
+from services.runtime.sequencer import SequencerSettings
+
+Egress = tuple[int, int | None]
+
+
+def make_host(data_dir: Path, retained: int = 1000) -> RuntimeHost[Egress]:
+    node: RuntimeNode[Egress] = RuntimeNode(
+        CounterMachine(),
+        NodeSettings(
+            data_dir=data_dir,
+            snapshot_interval_entries=0,
+            sequencer=SequencerSettings(timer_interval_ms=0),
+        ),
+    )
+    return RuntimeHost(node, DurableEgressFeed(retained), listen_address="127.0.0.1:0")
+
+
+def health_only(_host: RuntimeHost[Egress]) -> HostPlan:
+    return HostPlan(service_names=("oms.test",), register=lambda _server: None)
+
+
+async def health_status(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        response = await stub.Check(health_pb2.HealthCheckRequest(service="oms.test"))
+        return int(response.status)
+
+
+async def test_host_serves_health_ingress_and_resumable_egress(tmp_path: Path) -> None:
+    host = make_host(tmp_path)
+    running = asyncio.create_task(host.run(health_only))
+    try:
+        await asyncio.wait_for(host.ready.wait(), 30)
+        assert await health_status(host.bound_port) == health_pb2.HealthCheckResponse.SERVING
+        first, egress = await host.ingress.submit(encode_increment(7, 5))
+        assert egress == ((7, 5),)
+        second, _ = await host.ingress.submit(encode_increment(7, 1))
+        seen: list[tuple[int, Egress]] = []
+        async for record in host.feed.subscribe(first):
+            seen.extend(record.items)
+            if record.last_position >= second:
+                break
+        assert seen == [(first, (7, 5)), (second, (7, 6))]
+    finally:
+        host.stop()
+        await asyncio.wait_for(running, 30)
+
+
+async def test_egress_of_the_replayed_tail_is_available_after_restart(tmp_path: Path) -> None:
+    host = make_host(tmp_path)
+    running = asyncio.create_task(host.run(health_only))
+    await asyncio.wait_for(host.ready.wait(), 30)
+    position, _ = await host.ingress.submit(encode_increment(1, 10))
+    host.stop()
+    await asyncio.wait_for(running, 30)
+
+    restarted = make_host(tmp_path)
+    running = asyncio.create_task(restarted.run(health_only))
+    try:
+        await asyncio.wait_for(restarted.ready.wait(), 30)
+        records = restarted.feed.subscribe(position)
+        record = await asyncio.wait_for(anext(records), 5)
+        assert record.items == [(position, (1, 10))]
+    finally:
+        restarted.stop()
+        await asyncio.wait_for(running, 30)
+
+
+async def test_a_position_older_than_the_window_is_refused(tmp_path: Path) -> None:
+    host = make_host(tmp_path, retained=2)
+    running = asyncio.create_task(host.run(health_only))
+    try:
+        await asyncio.wait_for(host.ready.wait(), 30)
+        positions = [(await host.ingress.submit(encode_increment(k, 1)))[0] for k in range(5)]
+        with pytest.raises(EgressWindowExceededError):
+            await anext(host.feed.subscribe(positions[0]))
+        newest = await anext(host.feed.subscribe(positions[-1]))
+        assert newest.items == [(positions[-1], (4, 1))]
+    finally:
+        host.stop()
+        await asyncio.wait_for(running, 30)
