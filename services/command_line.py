@@ -16,6 +16,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("up", "services.mesh.command"),
     ("infra", "services.infra.command"),
+    ("matcher", "services.matcher.command"),
     ("bench", "services.bench.command"),
 )
 

@@ -12,6 +12,10 @@ TARGETS: dict[str, tuple[str, str]] = {
         "services.bench.runtime_bench",
         "durable entries/s, append-to-durable latency, snapshot pause of the runtime",
     ),
+    "matcher": (
+        "services.bench.matcher_bench",
+        "orders/s through the pure matching core: engine only, and from batch bytes",
+    ),
 }
 
 

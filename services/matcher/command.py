@@ -1,0 +1,90 @@
+"""`oms matcher --group NAME`: run one matcher group as a service."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from services.markets.catalog import load_catalog
+from services.matcher.core.machine import MatcherEgress, MatcherMachine
+from services.matcher.core.settings import EngineSettings, SymbolSettings
+from services.matcher.service import MatcherServicer
+from services.matcher.settings import MatcherServiceSettings
+from services.observability.logs import configure_logging
+from services.runtime.egress_feed import DurableEgressFeed
+from services.runtime.hosting import RuntimeHost
+from services.runtime.node import NodeSettings, RuntimeNode
+from services.runtime.sequencer import SequencerSettings
+from services.settings import load_settings
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "matcher", help="run one matcher group (price-time books for its symbols)"
+    )
+    parser.add_argument("--group", default=None, help="matcher group (env OMS_MATCHER_GROUP)")
+    parser.add_argument("--listen", default=None, help="host:port (env OMS_MATCHER_LISTEN)")
+    parser.add_argument("--data-dir", type=Path, default=None, dest="data_dir")
+    parser.add_argument("--markets-file", type=Path, default=None, dest="markets_file")
+    parser.set_defaults(handler=run)
+
+
+def engine_settings(settings: MatcherServiceSettings) -> EngineSettings:
+    markets = load_catalog(settings.markets_file).group(settings.group)
+    if not markets:
+        raise SystemExit(f"oms matcher: no markets belong to group {settings.group!r}")
+    return EngineSettings(
+        symbols=tuple(
+            SymbolSettings(
+                symbol=market.symbol,
+                base_asset=market.base_asset,
+                quote_asset=market.quote_asset,
+                lot_size=market.lot_size,
+                tick_size=market.tick_size,
+                min_notional=market.min_notional,
+                price_band_bps=market.price_band_bps,
+                reference_price_ticks=market.reference_price_ticks,
+                maker_fee_ppm=market.maker_fee_ppm,
+                taker_fee_ppm=market.taker_fee_ppm,
+            )
+            for market in markets
+        ),
+        dedup_horizon_ms=settings.dedup_horizon_ms,
+        retained_events_per_shard=settings.retained_events_per_shard,
+    )
+
+
+def build_host(settings: MatcherServiceSettings) -> RuntimeHost[MatcherEgress]:
+    node: RuntimeNode[MatcherEgress] = RuntimeNode(
+        MatcherMachine(engine_settings(settings)),
+        NodeSettings(
+            data_dir=settings.data_dir,
+            snapshot_interval_entries=settings.snapshot_interval_entries,
+            sequencer=SequencerSettings(timer_interval_ms=settings.timer_interval_ms),
+        ),
+    )
+    return RuntimeHost(node, DurableEgressFeed(10_000), listen_address=settings.listen)
+
+
+async def serve(settings: MatcherServiceSettings) -> None:
+    host = build_host(settings)
+    host.install_signal_handlers()
+    await host.run(lambda h: MatcherServicer(h, settings.max_inflight_batches).plan())
+
+
+def run(arguments: argparse.Namespace) -> int:
+    settings = load_settings(
+        MatcherServiceSettings,
+        overrides={
+            "group": arguments.group,
+            "listen": arguments.listen,
+            "data_dir": arguments.data_dir,
+            "markets_file": arguments.markets_file,
+        },
+    )
+    configure_logging(f"matcher-{settings.group}", settings.log_level)
+    uvloop.run(serve(settings))
+    return 0

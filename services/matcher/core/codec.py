@@ -1,0 +1,284 @@
+"""`oms.v1` protobuf at the edge of the core: command batches in, results and events out.
+
+Decoding turns a `MatcherCommandBatch` into `commands` records (order ids are
+parsed here); encoding turns the engine's records into `MatcherCommandResult`,
+`MatcherEvent`, `OrderState`, `OpenOrdersSnapshot` and `LastPrice`. The same
+encoder serves live egress and resumes (`events_from`), so a subscriber sees
+identical events either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TypeAlias, cast
+
+from google.protobuf.message import DecodeError
+
+from protos.oms.v1 import common_pb2, matcher_pb2
+from services.matcher.core.commands import (
+    CancelCommand,
+    Command,
+    CommandResult,
+    EmptyCommand,
+    HaltCommand,
+    KillSwitchCommand,
+    ResumeCommand,
+    SubmitCommand,
+)
+from services.matcher.core.errors import MatcherError
+from services.matcher.core.event_log import (
+    AcceptedEvent,
+    CancelledEvent,
+    EventRecord,
+    FillEvent,
+    RejectedEvent,
+)
+from services.matcher.core.order_ids import parse_order_id
+from services.matcher.core.orders import OPEN, OrderSpec, OrderView
+from services.matcher.core.settings import SymbolSettings
+from services.matcher.core.symbols import LastTrade
+
+_Side: TypeAlias = common_pb2.Side.ValueType
+_OrderType: TypeAlias = common_pb2.OrderType.ValueType
+_TimeInForce: TypeAlias = common_pb2.TimeInForce.ValueType
+_OrderStatus: TypeAlias = common_pb2.OrderStatus.ValueType
+_SelfTrade: TypeAlias = matcher_pb2.SelfTradePrevention.ValueType
+_RejectReason: TypeAlias = matcher_pb2.MatcherRejectReason.ValueType
+_CancelReason: TypeAlias = matcher_pb2.CancelReason.ValueType
+
+
+class CommandDecodeError(MatcherError, ValueError):
+    """Bytes that are not a `MatcherCommandBatch` this matcher accepts."""
+
+
+# --- inbound ----------------------------------------------------------------------------
+
+
+def decode_command_batch(data: bytes, max_commands: int) -> list[Command]:
+    try:
+        batch = matcher_pb2.MatcherCommandBatch.FromString(data)
+    except (DecodeError, ValueError) as error:
+        raise CommandDecodeError(f"not a MatcherCommandBatch: {error}") from error
+    messages = batch.commands
+    if len(messages) > max_commands:
+        raise CommandDecodeError(f"{len(messages)} commands in one batch, limit {max_commands}")
+    return [decode_command(message) for message in messages]
+
+
+def decode_command(message: matcher_pb2.MatcherCommand) -> Command:
+    which = message.WhichOneof("command")
+    correlation_id = message.correlation_id
+    if which == "submit":
+        return SubmitCommand(correlation_id, spec_from_order(message.submit.order))
+    if which == "cancel":
+        cancel = message.cancel
+        return CancelCommand(correlation_id, cancel.order_id, cancel.user_id)
+    if which == "halt":
+        halt = message.halt
+        return HaltCommand(correlation_id, halt.symbol, halt.cancel_resting)
+    if which == "resume":
+        return ResumeCommand(correlation_id, message.resume.symbol)
+    if which == "kill_switch":
+        kill_switch = message.kill_switch
+        return KillSwitchCommand(correlation_id, kill_switch.user_id, kill_switch.enable)
+    return EmptyCommand(correlation_id)
+
+
+def spec_from_order(order: matcher_pb2.Order) -> OrderSpec:
+    order_id = order.order_id
+    user_id = order.user_id
+    parsed = parse_order_id(order_id, user_id)
+    oms_shard, user_seq = ("", 0) if parsed is None else parsed
+    return OrderSpec(
+        order_id,
+        user_id,
+        order.symbol,
+        order.side,
+        order.order_type,
+        order.time_in_force,
+        order.price_ticks,
+        order.quantity_lots,
+        order.quote_amount,
+        order.expire_at_ms,
+        order.self_trade_prevention,
+        oms_shard,
+        user_seq,
+    )
+
+
+def symbol_settings_from_config(config: matcher_pb2.SymbolConfig) -> SymbolSettings:
+    return SymbolSettings(
+        symbol=config.symbol,
+        base_asset=config.base_asset,
+        quote_asset=config.quote_asset,
+        lot_size=config.lot_size,
+        tick_size=config.tick_size,
+        min_notional=config.min_notional,
+        price_band_bps=config.price_band_bps,
+        reference_price_ticks=config.reference_price_ticks,
+        maker_fee_ppm=config.maker_fee_ppm,
+        taker_fee_ppm=config.taker_fee_ppm,
+    )
+
+
+# --- outbound ---------------------------------------------------------------------------
+
+
+def symbol_config_message(settings: SymbolSettings) -> matcher_pb2.SymbolConfig:
+    return matcher_pb2.SymbolConfig(
+        symbol=settings.symbol,
+        base_asset=settings.base_asset,
+        quote_asset=settings.quote_asset,
+        lot_size=settings.lot_size,
+        tick_size=settings.tick_size,
+        min_notional=settings.min_notional,
+        price_band_bps=settings.price_band_bps,
+        reference_price_ticks=settings.reference_price_ticks,
+        maker_fee_ppm=settings.maker_fee_ppm,
+        taker_fee_ppm=settings.taker_fee_ppm,
+    )
+
+
+# Messages are filled field by field: with the upb backend that is about twice as
+# fast as keyword construction, and proto3 zero values are simply not set.
+
+
+def fill_order(target: matcher_pb2.Order, spec: OrderSpec) -> None:
+    target.order_id = spec.order_id
+    target.user_id = spec.user_id
+    target.symbol = spec.symbol
+    target.side = cast(_Side, spec.side)
+    target.order_type = cast(_OrderType, spec.order_type)
+    if spec.time_in_force:
+        target.time_in_force = cast(_TimeInForce, spec.time_in_force)
+    if spec.price_ticks:
+        target.price_ticks = spec.price_ticks
+    if spec.quantity_lots:
+        target.quantity_lots = spec.quantity_lots
+    if spec.quote_amount:
+        target.quote_amount = spec.quote_amount
+    if spec.expire_at_ms:
+        target.expire_at_ms = spec.expire_at_ms
+    if spec.self_trade_prevention:
+        target.self_trade_prevention = cast(_SelfTrade, spec.self_trade_prevention)
+
+
+def fill_order_state(target: matcher_pb2.OrderState, view: OrderView) -> None:
+    fill_order(target.order, view.spec)
+    target.status = cast(_OrderStatus, view.status)
+    if view.filled_lots:
+        target.filled_lots = view.filled_lots
+    if view.remaining_lots:
+        target.remaining_lots = view.remaining_lots
+    if view.filled_notional:
+        target.filled_notional = view.filled_notional
+    if view.fees_paid:
+        target.fees_paid = view.fees_paid
+    if view.quote_spent:
+        target.quote_spent = view.quote_spent
+
+
+def order_message(spec: OrderSpec) -> matcher_pb2.Order:
+    message = matcher_pb2.Order()
+    fill_order(message, spec)
+    return message
+
+
+def order_state_message(view: OrderView) -> matcher_pb2.OrderState:
+    message = matcher_pb2.OrderState()
+    fill_order_state(message, view)
+    return message
+
+
+def fill_result(target: matcher_pb2.MatcherCommandResult, result: CommandResult) -> None:
+    if result.correlation_id:
+        target.correlation_id = result.correlation_id
+    if result.duplicate:
+        target.duplicate = True
+    if result.order is not None:
+        fill_order_state(target.order, result.order)
+    if result.reject_reason:
+        target.reject_reason = cast(_RejectReason, result.reject_reason)
+    if result.not_found:
+        target.not_found = True
+
+
+def result_message(result: CommandResult) -> matcher_pb2.MatcherCommandResult:
+    message = matcher_pb2.MatcherCommandResult()
+    fill_result(message, result)
+    return message
+
+
+def result_batch_message(results: Sequence[CommandResult]) -> matcher_pb2.MatcherResultBatch:
+    batch = matcher_pb2.MatcherResultBatch()
+    add = batch.results.add
+    for result in results:
+        fill_result(add(), result)
+    return batch
+
+
+def fill_event(target: matcher_pb2.MatcherEvent, event: EventRecord) -> None:
+    spec = event.spec
+    target.sequence = event.sequence
+    target.oms_shard = spec.oms_shard
+    target.order_id = spec.order_id
+    target.user_id = spec.user_id
+    target.consensus_time_ms = event.consensus_time_ms
+    if isinstance(event, FillEvent):
+        fill = target.fill
+        fill.trade_id = event.trade_id
+        fill.symbol = spec.symbol
+        fill.side = cast(_Side, spec.side)
+        fill.price_ticks = event.price_ticks
+        fill.quantity_lots = event.quantity_lots
+        fill.notional = event.notional
+        fill.fee = event.fee
+        fill.maker = event.maker
+        fill.remaining_lots = event.remaining_lots
+        fill.order_done = event.order_done
+    elif isinstance(event, AcceptedEvent):
+        state = target.accepted.order
+        fill_order(state.order, spec)
+        state.status = cast(_OrderStatus, OPEN)
+        state.remaining_lots = spec.quantity_lots
+    elif isinstance(event, CancelledEvent):
+        cancelled = target.cancelled
+        cancelled.reason = cast(_CancelReason, event.reason)
+        cancelled.remaining_lots = event.remaining_lots
+    elif isinstance(event, RejectedEvent):
+        rejected = target.rejected
+        fill_order(rejected.order, spec)
+        rejected.reason = cast(_RejectReason, event.reason)
+    else:
+        target.expired.remaining_lots = event.remaining_lots
+
+
+def event_message(event: EventRecord) -> matcher_pb2.MatcherEvent:
+    message = matcher_pb2.MatcherEvent()
+    fill_event(message, event)
+    return message
+
+
+def event_batch_message(events: Iterable[EventRecord]) -> matcher_pb2.MatcherEventBatch:
+    batch = matcher_pb2.MatcherEventBatch()
+    add = batch.events.add
+    for event in events:
+        fill_event(add(), event)
+    return batch
+
+
+def open_orders_message(
+    as_of_sequence: int, views: list[OrderView]
+) -> matcher_pb2.OpenOrdersSnapshot:
+    return matcher_pb2.OpenOrdersSnapshot(
+        as_of_sequence=as_of_sequence, orders=[order_state_message(view) for view in views]
+    )
+
+
+def last_price_message(trade: LastTrade) -> matcher_pb2.LastPrice:
+    return matcher_pb2.LastPrice(
+        symbol=trade.symbol,
+        price_ticks=trade.price_ticks,
+        trade_id=trade.trade_id,
+        consensus_time_ms=trade.consensus_time_ms,
+    )

@@ -1,0 +1,188 @@
+"""The matcher service: a matcher group's books as a state machine on the runtime.
+
+Execute streams carry serialized `MatcherCommandBatch` bytes straight into the
+log (one entry per batch, never re-encoded) with up to `max_inflight_batches`
+in flight per stream, and answer each with its `MatcherResultBatch` once the
+entry is durable. Subscribe serves one OMS shard's lifecycle events from a
+sequence, never past what is durable: events are read from the engine's
+retained window, bounded by the durable sequence the egress feed reports.
+Queries wait until the state applied equals the state durable, so an answer
+never reflects an entry that a crash could still lose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import structlog
+
+from protos.oms.v1 import matcher_pb2
+from services.matcher.core.errors import SequenceTooOldError
+from services.matcher.core.event_log import FillEvent
+from services.matcher.core.machine import MatcherEgress, MatcherMachine
+from services.runtime.hosting import HostPlan, RuntimeHost
+
+log = structlog.get_logger(__name__)
+SERVICE_NAME = "oms.v1.Matcher"
+EVENTS_PER_MESSAGE = 1000
+
+
+class DurableView:
+    """What is durable, per OMS shard stream and per symbol, fed by the egress feed."""
+
+    def __init__(self, machine: MatcherMachine) -> None:
+        self.machine = machine
+        self.sequences: dict[str, int] = {
+            shard: stream.last_sequence for shard, stream in machine.engine.streams.items()
+        }
+        self.last_prices: dict[str, matcher_pb2.LastPrice] = {
+            price.symbol: price for price in machine.last_prices()
+        }
+        self.changed = asyncio.Condition()
+
+    async def follow(self, host: RuntimeHost[MatcherEgress]) -> None:
+        async for record in host.feed.subscribe(host.feed.durable_position + 1):
+            prices_moved = False
+            for _, egress in record.items:
+                for event in egress.events:
+                    shard = event.spec.oms_shard
+                    if event.sequence > self.sequences.get(shard, 0):
+                        self.sequences[shard] = event.sequence
+                    prices_moved = prices_moved or isinstance(event, FillEvent)
+            if prices_moved:
+                for price in self.machine.last_prices():
+                    self.last_prices[price.symbol] = price
+            async with self.changed:
+                self.changed.notify_all()
+
+    async def wait_change(self) -> None:
+        async with self.changed:
+            await self.changed.wait()
+
+
+class MatcherServicer:
+    def __init__(self, host: RuntimeHost[MatcherEgress], max_inflight: int) -> None:
+        self.host = host
+        self.machine: MatcherMachine = host.node.replica.machine  # type: ignore[assignment]
+        self.view = DurableView(self.machine)
+        self.max_inflight = max_inflight
+
+    async def execute(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        ingress = self.host.ingress
+        window: asyncio.Queue[asyncio.Task[tuple[int, Any]] | None] = asyncio.Queue(
+            self.max_inflight
+        )
+
+        async def read_ahead() -> None:
+            async for payload in requests:
+                await window.put(asyncio.create_task(ingress.submit(payload)))
+            await window.put(None)
+
+        reader = asyncio.create_task(read_ahead())
+        try:
+            while True:
+                submitted = await window.get()
+                if submitted is None:
+                    break
+                _, outputs = await submitted
+                egress: MatcherEgress = outputs[0]
+                if egress.refused is not None:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, egress.refused)
+                yield egress.result_batch().SerializeToString()
+            await reader
+        finally:
+            reader.cancel()
+
+    async def subscribe(
+        self, request: matcher_pb2.SubscribeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[matcher_pb2.MatcherEventBatch]:
+        shard = request.oms_shard
+        next_sequence = max(1, request.from_sequence)
+        while True:
+            durable = self.view.sequences.get(shard, 0)
+            if next_sequence <= durable:
+                try:
+                    events = self.machine.events_from(
+                        shard, next_sequence, min(EVENTS_PER_MESSAGE, durable - next_sequence + 1)
+                    )
+                except SequenceTooOldError as error:
+                    await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(error))
+                if events:
+                    next_sequence = events[-1].sequence + 1
+                    yield matcher_pb2.MatcherEventBatch(events=events)
+                    continue
+            await self.view.wait_change()
+
+    async def get_order(
+        self, request: matcher_pb2.OrderQuery, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> matcher_pb2.OrderState:
+        await self._wait_durable()
+        state = self.machine.order_state(request.order_id)
+        if state is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no order {request.order_id!r}")
+        return state
+
+    async def get_open_orders(
+        self, request: matcher_pb2.OpenOrdersQuery, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> matcher_pb2.OpenOrdersSnapshot:
+        await self._wait_durable()
+        return self.machine.open_orders(request.oms_shard, request.user_id)
+
+    async def stream_last_prices(
+        self, request: matcher_pb2.LastPriceRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[matcher_pb2.LastPrice]:
+        wanted = set(request.symbols)
+        sent: dict[str, int] = {}
+        while True:
+            for symbol, price in list(self.view.last_prices.items()):
+                if (not wanted or symbol in wanted) and sent.get(symbol) != price.trade_id:
+                    sent[symbol] = price.trade_id
+                    yield price
+            await self.view.wait_change()
+
+    async def _wait_durable(self) -> None:
+        node = self.host.node
+        while node.replica.applied_position != node.sequencer.durable_position:
+            await self.view.wait_change()
+
+    def register(self, server: grpc.aio.Server) -> None:
+        handlers = {
+            "Execute": grpc.stream_stream_rpc_method_handler(
+                self.execute, request_deserializer=None, response_serializer=None
+            ),
+            "Subscribe": grpc.unary_stream_rpc_method_handler(
+                self.subscribe,
+                request_deserializer=matcher_pb2.SubscribeRequest.FromString,
+                response_serializer=matcher_pb2.MatcherEventBatch.SerializeToString,
+            ),
+            "GetOrder": grpc.unary_unary_rpc_method_handler(
+                self.get_order,
+                request_deserializer=matcher_pb2.OrderQuery.FromString,
+                response_serializer=matcher_pb2.OrderState.SerializeToString,
+            ),
+            "GetOpenOrders": grpc.unary_unary_rpc_method_handler(
+                self.get_open_orders,
+                request_deserializer=matcher_pb2.OpenOrdersQuery.FromString,
+                response_serializer=matcher_pb2.OpenOrdersSnapshot.SerializeToString,
+            ),
+            "StreamLastPrices": grpc.unary_stream_rpc_method_handler(
+                self.stream_last_prices,
+                request_deserializer=matcher_pb2.LastPriceRequest.FromString,
+                response_serializer=matcher_pb2.LastPrice.SerializeToString,
+            ),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )
+
+    def plan(self) -> HostPlan:
+        return HostPlan(
+            service_names=(SERVICE_NAME,),
+            register=self.register,
+            loops=[lambda: self.view.follow(self.host)],
+        )
