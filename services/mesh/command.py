@@ -17,7 +17,9 @@ from typing import Any
 from services.infra.command import format_status
 from services.infra.errors import InfraError
 from services.infra.local_infra import InfraEndpoints, LocalInfra, ServerState
+from services.infra.ports import free_port
 from services.infra.settings import InfraSettings
+from services.markets.catalog import load_catalog
 from services.mesh.supervisor import ChildSpec, MeshFailedError, Supervisor
 from services.settings import load_settings
 
@@ -30,13 +32,30 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run_up)
 
 
-def mesh_children(endpoints: InfraEndpoints) -> list[ChildSpec]:
+def mesh_children(endpoints: InfraEndpoints, state_dir: Path) -> list[ChildSpec]:
     """The services of the mesh, in start order; each is an `oms <service>` process."""
     environment = {
         "OMS_ETCD_ENDPOINTS": ",".join(endpoints.etcd_endpoints),
         "OMS_DATABASE_URL": endpoints.database_url,
     }
-    services: list[tuple[str, list[str]]] = []  # filled in as services land
+    services: list[tuple[str, list[str]]] = []
+    for group in load_catalog().groups():
+        port = free_port()
+        print(f"matcher-{group:<3} will listen on 127.0.0.1:{port}", flush=True)
+        services.append(
+            (
+                f"matcher-{group}",
+                [
+                    "matcher",
+                    "--group",
+                    group,
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--data-dir",
+                    str(state_dir / f"matcher-{group}"),
+                ],
+            )
+        )
     return [
         ChildSpec(name, [sys.executable, "-m", "services.command_line", *argv], environment)
         for name, argv in services
@@ -59,7 +78,7 @@ def run_up(arguments: argparse.Namespace) -> int:
     for status in infra.status():
         print(format_status(status), flush=True)
     started_here = {status.name for status in infra.status()} - already_running
-    children = mesh_children(endpoints)
+    children = mesh_children(endpoints, infra.state_dir)
     if not children:
         print("[mesh] infrastructure is up; no services are configured yet", flush=True)
     try:

@@ -62,6 +62,7 @@ def test_oms_up_starts_infra_and_stops_on_interrupt(tmp_path: Path) -> None:
     try:
         lines = _lines(process)
         _wait_for(lines, "press Ctrl-C", seen, 60)
+        _wait_for(lines, '"event": "service.serving"', seen, 60)
         running = {status.name: status.state for status in LocalInfra(state_dir).status()}
         assert running == {"etcd": ServerState.RUNNING, "postgres": ServerState.RUNNING}
         process.send_signal(signal.SIGINT)
