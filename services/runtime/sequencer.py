@@ -110,6 +110,7 @@ class Sequencer(Generic[EgressT]):
         self._entries = 0
         self._last_batch_entries = 0
         self._max_dwell_ns = 0
+        self._window_max_dwell_ns = 0
 
     # --- ingress ------------------------------------------------------------------
 
@@ -156,6 +157,11 @@ class Sequencer(Generic[EgressT]):
         """Finish what is queued, then leave `run`."""
         self._stopping = True
         self._wake.set()
+
+    def take_window_max_dwell_ms(self) -> float:
+        """Longest queue dwell since the previous call (for saturation alerts)."""
+        dwell, self._window_max_dwell_ns = self._window_max_dwell_ns, 0
+        return dwell / 1e6
 
     def statistics(self) -> SequencerStatistics:
         return SequencerStatistics(
@@ -231,7 +237,10 @@ class Sequencer(Generic[EgressT]):
             taken.append(submission)
             taken_bytes += submission.size_bytes
             entries.extend([(command, payload) for payload in submission.payloads])
-            self._max_dwell_ns = max(self._max_dwell_ns, now_ns - submission.enqueued_ns)
+            dwell = now_ns - submission.enqueued_ns
+            if dwell > self._window_max_dwell_ns:
+                self._window_max_dwell_ns = dwell
+                self._max_dwell_ns = max(self._max_dwell_ns, dwell)
         self._pending_entries -= len(entries)
         if settings.timer_interval_ms and now_ms >= self._next_timer_ms:
             entries.append((int(EntryKind.TIMER), b""))
