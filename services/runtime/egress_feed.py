@@ -30,6 +30,7 @@ class EgressWindowExceededError(LookupError):
 class EgressRecord(Generic[EgressT]):
     first_position: int
     last_position: int
+    consensus_time_ms: int
     items: Sequence[tuple[int, EgressT]]  # (log position, item)
 
 
@@ -65,7 +66,9 @@ class DurableEgressFeed(Generic[EgressT]):
                 if select is None or select(item):
                     items.append((position, item))
             position += 1
-        self._records.append(EgressRecord(batch.first_position, batch.last_position, items))
+        self._records.append(
+            EgressRecord(batch.first_position, batch.last_position, batch.consensus_time_ms, items)
+        )
         self._durable_position = batch.last_position
         loop_notify = asyncio.get_running_loop().create_task(self._notify())
         loop_notify.add_done_callback(_consume_result)

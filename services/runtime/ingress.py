@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from services.runtime.errors import IngressFullError
-from services.runtime.sequencer import Sequencer
+from services.runtime.sequencer import Receipt, Sequencer
 
 EgressT = TypeVar("EgressT")
 
@@ -36,6 +36,11 @@ class CommandIngress(Generic[EgressT]):
 
     async def submit(self, payload: bytes) -> tuple[int, Sequence[EgressT]]:
         """Append `payload` as one entry; return its position and its egress once durable."""
+        receipt = await self.submit_receipt(payload)
+        return receipt.first_position, receipt.outputs[0]
+
+    async def submit_receipt(self, payload: bytes) -> Receipt[EgressT]:
+        """As `submit`, with the consensus time of the entry too."""
         sequencer = self._sequencer
         started = 0
         while True:
@@ -53,7 +58,7 @@ class CommandIngress(Generic[EgressT]):
             self._max_wait_ns = max(self._max_wait_ns, time.perf_counter_ns() - started)
         receipt = await future
         self._batches += 1
-        return receipt.first_position, receipt.outputs[0]
+        return receipt
 
     def statistics(self) -> IngressStatistics:
         return IngressStatistics(self._batches, self._waits, self._max_wait_ns / 1e6)

@@ -49,6 +49,7 @@ class Receipt(Generic[EgressT]):
 
     first_position: int
     outputs: Sequence[Sequence[EgressT]]
+    consensus_time_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +281,7 @@ class Sequencer(Generic[EgressT]):
             count = len(submission.payloads)
             if not submission.future.done():
                 receipt: Receipt[EgressT] = Receipt(
-                    first + cursor, outputs[cursor : cursor + count]
+                    first + cursor, outputs[cursor : cursor + count], consensus_time_ms
                 )
                 submission.future.set_result(receipt)
             cursor += count
