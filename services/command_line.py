@@ -17,6 +17,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("up", "services.mesh.command"),
     ("infra", "services.infra.command"),
     ("matcher", "services.matcher.command"),
+    ("shard", "services.shard.command"),
     ("bench", "services.bench.command"),
 )
 

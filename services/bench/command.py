@@ -12,6 +12,10 @@ TARGETS: dict[str, tuple[str, str]] = {
         "services.bench.runtime_bench",
         "durable entries/s, append-to-durable latency, snapshot pause of the runtime",
     ),
+    "shard": (
+        "services.bench.shard_bench",
+        "user shard commands/s in-process with 1M resident users, eviction sweep cost",
+    ),
     "matcher": (
         "services.bench.matcher_bench",
         "orders/s through the pure matching core: engine only, and from batch bytes",

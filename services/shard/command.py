@@ -1,0 +1,101 @@
+"""`oms shard --shard-id ID`: run one user shard as a service."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from services.markets.catalog import load_catalog
+from services.observability.logs import configure_logging
+from services.runtime.egress_feed import DurableEgressFeed
+from services.runtime.hosting import RuntimeHost
+from services.runtime.node import NodeSettings, RuntimeNode
+from services.runtime.sequencer import SequencerSettings
+from services.settings import load_settings
+from services.shard.core.settings import ShardSettings, SymbolSettings
+from services.shard.core.shard_machine import ShardMachine
+from services.shard.service import ShardServicer
+from services.shard.settings import ShardServiceSettings
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "shard", help="run one user shard (hot user actors on the deterministic runtime)"
+    )
+    parser.add_argument("--shard-id", default=None, dest="shard_id")
+    parser.add_argument("--listen", default=None, help="host:port (env OMS_SHARD_LISTEN)")
+    parser.add_argument("--data-dir", type=Path, default=None, dest="data_dir")
+    parser.add_argument("--markets-file", type=Path, default=None, dest="markets_file")
+    parser.set_defaults(handler=run)
+
+
+def machine_settings(settings: ShardServiceSettings) -> ShardSettings:
+    catalog = load_catalog(settings.markets_file)
+    return ShardSettings(
+        shard_id=settings.shard_id,
+        symbols=tuple(
+            SymbolSettings(
+                symbol=market.symbol,
+                base_asset=market.base_asset,
+                quote_asset=market.quote_asset,
+                lot_size=market.lot_size,
+                tick_size=market.tick_size,
+                maker_fee_ppm=market.maker_fee_ppm,
+                taker_fee_ppm=market.taker_fee_ppm,
+                matcher_group=market.matcher_group,
+            )
+            for market in catalog.markets
+        ),
+        idle_ttl_ms=settings.idle_ttl_ms,
+        max_resident=settings.max_resident,
+        max_in_flight_sagas=settings.max_in_flight_sagas,
+    )
+
+
+def build_host(settings: ShardServiceSettings) -> RuntimeHost[Any]:
+    node: RuntimeNode[Any] = RuntimeNode(
+        ShardMachine(machine_settings(settings)),
+        NodeSettings(
+            data_dir=settings.data_dir,
+            checkpoint_interval_entries=settings.checkpoint_interval_entries,
+            snapshot_interval_entries=settings.snapshot_interval_entries,
+            sequencer=SequencerSettings(timer_interval_ms=settings.timer_interval_ms),
+        ),
+    )
+    return RuntimeHost(
+        node, DurableEgressFeed(settings.retained_egress_records), listen_address=settings.listen
+    )
+
+
+async def serve(settings: ShardServiceSettings) -> None:
+    host = build_host(settings)
+    host.install_signal_handlers()
+
+    def plan(h: RuntimeHost[Any]) -> Any:
+        return ShardServicer(
+            h,
+            shard_id=settings.shard_id,
+            max_inflight_batches=settings.max_inflight_batches,
+            mark_interval_ms=settings.mark_interval_ms,
+            saturation_dwell_ms=settings.saturation_dwell_ms,
+        ).plan()
+
+    await host.run(plan)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    settings = load_settings(
+        ShardServiceSettings,
+        overrides={
+            "shard_id": arguments.shard_id,
+            "listen": arguments.listen,
+            "data_dir": arguments.data_dir,
+            "markets_file": arguments.markets_file,
+        },
+    )
+    configure_logging(f"shard-{settings.shard_id}", settings.log_level)
+    uvloop.run(serve(settings))
+    return 0

@@ -1,0 +1,484 @@
+"""The user shard as a replicated state machine (`services.runtime.core.StateMachine`).
+
+`apply` decodes a `ShardCommandBatch` and applies each command in order;
+`apply_commands` does the same for already-decoded commands. Egress is a list
+of core records (`egress`); `codec.egress_to_protobuf` turns them into
+`oms.v1.ShardEgress`.
+
+Refusals change nothing. A client command refused for bad input (static
+checks, before the user is looked up) or for the user's state (halted, rate
+limited, backpressure, risk, funds, unknown or finished order, duplicate)
+leaves every hashed field as it was: no recency touch, no token taken, no
+dedup entry, so `state_hash()` before and after is equal. Only statistics
+counters move, and they are outside the hash. The price: a refused command is
+not "activity", so it neither keeps a user resident nor cancels an eviction in
+progress (the flushed state is still exact, and the DB keeps the dedup map).
+
+Supervision boundary: each client command and each matcher event runs in its
+own try block; an exception discards the egress that message had produced and
+goes to `Supervisor` (resume, quarantine, halt) for that user only. A broken
+shard-level invariant (conservation) is not supervised: it raises out of the
+machine, crash-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from services.runtime.core.state_machine import ApplyContext
+from services.shard.core import digest, snapshot
+from services.shard.core.actor import (
+    DEHYDRATING,
+    HALTED,
+    HEALTHY,
+    QUARANTINED,
+    UserActor,
+    check_actor,
+    check_balances,
+)
+from services.shard.core.balances import Funding
+from services.shard.core.codec import decode_command_batch
+from services.shard.core.commands import (
+    CancelOrder,
+    ClientCommand,
+    Command,
+    DedupAnswer,
+    Deposit,
+    FlushComplete,
+    FlushRefused,
+    HydrateUser,
+    MalformedCommand,
+    MarkPrices,
+    MatcherEvent,
+    MatcherEvents,
+    PlaceOrder,
+    Reconcile,
+    SetRiskLimits,
+    Withdraw,
+)
+from services.shard.core.egress import CancelToMatcher, Egress, ShardResult, SubmitToMatcher
+from services.shard.core.errors import MalformedCommandError, OrderIndexError
+from services.shard.core.eviction import EvictionSweep
+from services.shard.core.hydration import Hydration, user_state_problem
+from services.shard.core.orders import parse_order_id
+from services.shard.core.reconcile import ReconcileEngine
+from services.shard.core.risk import NO_LIMITS, equity
+from services.shard.core.saga import OrderSaga, refused
+from services.shard.core.settings import ShardSettings
+from services.shard.core.settlement import Settlement
+from services.shard.core.shard_state import ParkedEvent, ParkedItem, ShardState
+from services.shard.core.statistics import COUNTER_NAMES, ShardStatistics, SweepStatistics
+from services.shard.core.supervision import Supervisor
+from services.shard.core.user_state import UserState
+from services.shard.core.vocabulary import PENDING, RejectReason
+
+_MALFORMED = int(RejectReason.MALFORMED)
+ClientAction = Callable[[UserActor, Any, int, list[Egress]], None]
+
+
+class ShardMachine:
+    def __init__(self, settings: ShardSettings) -> None:
+        self.settings = settings
+        self._install(ShardState(settings))
+
+    def _install(self, state: ShardState) -> None:
+        self.state = state
+        self.saga = OrderSaga(state)
+        self.settlement = Settlement(state)
+        self.funding = Funding(state)
+        self.hydration = Hydration(state, self._replay)
+        self.eviction = EvictionSweep(state)
+        self.reconciler = ReconcileEngine(state, self.settlement)
+        self.supervisor = Supervisor(state)
+        self._next_rotation_ms = (state.dedup.session + 1) * self.settings.dedup_session_ms
+        self._since_conservation_check = 0
+        self._actions: dict[type, ClientAction] = {
+            PlaceOrder: self.saga.place,
+            CancelOrder: self.saga.cancel,
+            Deposit: self.funding.deposit,
+            Withdraw: self.funding.withdraw,
+            SetRiskLimits: self._set_risk_limits,
+        }
+        self._handlers: dict[type, Callable[[Any, int, list[Egress]], None]] = {
+            PlaceOrder: self._on_place,
+            CancelOrder: self._on_cancel,
+            Deposit: self._on_transfer,
+            Withdraw: self._on_transfer,
+            MatcherEvents: self._on_matcher_events,
+            HydrateUser: self._on_hydrate,
+            FlushComplete: self._on_flush_complete,
+            FlushRefused: self._on_flush_refused,
+            MarkPrices: self._on_mark_prices,
+            Reconcile: self._on_reconcile,
+            DedupAnswer: self._on_dedup_answer,
+            SetRiskLimits: self._on_set_risk_limits,
+            MalformedCommand: self._on_malformed,
+        }
+
+    # --- StateMachine -----------------------------------------------------------------
+
+    def apply(self, command: bytes, context: ApplyContext) -> list[Egress]:
+        try:
+            commands = decode_command_batch(command)
+        except MalformedCommandError:
+            self.state.counters.malformed_commands += 1
+            return [refused(0, _MALFORMED)]
+        return self.apply_commands(commands, context.consensus_time_ms)
+
+    def apply_commands(self, commands: Sequence[Command], consensus_time_ms: int) -> list[Egress]:
+        """Apply decoded commands in order at one consensus time; return their egress."""
+        now = self._advance_clock(consensus_time_ms)
+        out: list[Egress] = []
+        handlers = self._handlers
+        for command in commands:
+            handler = handlers.get(type(command))
+            if handler is None:
+                self._on_malformed(MalformedCommand(0, f"not a command: {command!r}"), now, out)
+                continue
+            handler(command, now, out)
+        state = self.state
+        state.counters.commands_applied += len(commands)
+        interval = self.settings.conservation_check_interval
+        if interval:
+            self._since_conservation_check += len(commands)
+            if self._since_conservation_check >= interval:
+                self._since_conservation_check = 0
+                state.accounts.check_conservation()
+        return out
+
+    def on_timer(self, context: ApplyContext) -> list[Egress]:
+        now = self._advance_clock(context.consensus_time_ms)
+        out: list[Egress] = []
+        redrive_after = self.settings.redrive_after_ms
+        self.hydration.redrive(now, redrive_after, out)
+        self.saga.redrive_lookups(now, redrive_after, out)
+        self.eviction.sweep(now, out)
+        self.eviction.valve(now, out)
+        return out
+
+    def snapshot(self) -> bytes:
+        return snapshot.encode(self.state)
+
+    def restore(self, data: bytes) -> None:
+        state = ShardState(self.settings)
+        snapshot.decode_into(state, data)
+        self._install(state)
+        self.check_invariants()  # check what was loaded, as when it was applied
+
+    def state_hash(self) -> bytes:
+        return digest.state_hash(self.state)
+
+    # --- reading --------------------------------------------------------------------
+
+    def statistics(self) -> ShardStatistics:
+        state = self.state
+        counters = state.counters
+        return ShardStatistics(
+            resident_users=len(state.actors),
+            dehydrating_users=state.dehydrating,
+            hydrating_users=len(state.hydrations),
+            parked_commands=state.parked_client_commands,
+            dedup_waiting_users=len(state.dedup_waits),
+            in_flight_submits=len(state.pending_submits),
+            in_flight_cancels=len(state.pending_cancels),
+            deferred_reconciles=len(state.deferred_reconciles),
+            quarantined_users=state.quarantined,
+            halted_users=state.halted,
+            last_sweep=state.last_sweep,
+            counters=tuple(zip(COUNTER_NAMES, counters.plain(), strict=True)),
+        )
+
+    @property
+    def last_sweep(self) -> SweepStatistics:
+        return self.state.last_sweep
+
+    def actor(self, user_id: int) -> UserActor | None:
+        """Read access for tests and queries; never mutate what it returns."""
+        return self.state.actors.get(user_id)
+
+    def in_flight_egress(self) -> list[SubmitToMatcher | CancelToMatcher]:
+        """Every saga in flight, for the bridge to re-drive after a failover."""
+        state = self.state
+        out: list[SubmitToMatcher | CancelToMatcher] = []
+        for order_id, user_id in state.pending_submits.items():
+            order = state.actors[user_id].orders[order_id]
+            out.append(SubmitToMatcher(order.matcher_group, order_id, order.request))
+        for order_id, user_id in state.pending_cancels.items():
+            order = state.actors[user_id].orders[order_id]
+            out.append(CancelToMatcher(order.matcher_group, order_id, user_id))
+        return out
+
+    def check_invariants(self) -> None:
+        """Every invariant, walking every actor: for tests and after a restore.
+
+        Raises the specific `ShardInvariantError` subclass that is broken. A
+        quarantined or halted actor is only checked for negative balances: it
+        failed its own check already and supervision contains it.
+        """
+        state = self.state
+        state.accounts.check_conservation()
+        state.accounts.check_resident_totals(actor.balances for actor in state.actors.values())
+        dehydrating = quarantined = halted = 0
+        live_submits = live_cancels = 0
+        for user_id, actor in state.actors.items():
+            if actor.user_id != user_id:
+                raise OrderIndexError(f"actor {actor.user_id} is filed under {user_id}")
+            if actor.health == HEALTHY:
+                check_actor(actor, state.pending_submits, state.pending_cancels)
+            else:
+                # Already failed its own check and is contained; its money still counts.
+                check_balances(actor)
+            dehydrating += actor.lifecycle == DEHYDRATING
+            quarantined += actor.health == QUARANTINED
+            halted += actor.health == HALTED
+            for order in actor.orders.values():
+                live_submits += order.status == PENDING
+                live_cancels += order.cancel_in_flight
+            if (actor.dedup_wait is not None) != (user_id in state.dedup_waits):
+                raise OrderIndexError(f"user {user_id}: dedup wait registry disagrees")
+            if user_id in state.hydrations:
+                raise OrderIndexError(f"user {user_id} is resident and waiting for hydration")
+            for symbol, position in actor.positions.items():
+                holding = user_id in state.holders.get(symbol, {})
+                if holding != bool(position.quantity_lots):
+                    raise OrderIndexError(f"user {user_id}: holders index of {symbol} disagrees")
+        if live_submits != len(state.pending_submits) or live_cancels != len(state.pending_cancels):
+            raise OrderIndexError("saga registries hold orders no actor has")
+        if (dehydrating, quarantined, halted) != (
+            state.dehydrating,
+            state.quarantined,
+            state.halted,
+        ):
+            raise OrderIndexError("lifecycle counts disagree with the actors")
+        parked = sum(p.client_commands for p in state.hydrations.values())
+        for user_id in state.dedup_waits:
+            wait = state.actors[user_id].dedup_wait
+            parked += len(wait.parked) if wait is not None else 0
+        if parked != state.parked_client_commands:
+            raise OrderIndexError("parked command count disagrees with the parked commands")
+        last = 0
+        for actor in state.actors.values():
+            if actor.recency_seq <= last:
+                raise OrderIndexError("recency order and recency stamps disagree")
+            last = actor.recency_seq
+
+    # --- bulk residency (benchmarks, migrations in tests) ---------------------------
+
+    def bulk_hydrate(self, states: Iterable[UserState], consensus_time_ms: int) -> int:
+        """Make users resident without egress, as a run of HydrateUser(known) would.
+
+        For benchmarks and tests that need many resident users quickly; not part
+        of the logged protocol. Users already resident or waiting are skipped.
+        """
+        now = self._advance_clock(consensus_time_ms)
+        state = self.state
+        admitted = 0
+        for user_state in states:
+            user_id = user_state.user_id
+            if user_id in state.actors or user_id in state.hydrations:
+                continue
+            if user_state_problem(user_state, user_id):
+                raise ValueError(f"user {user_id}: {user_state_problem(user_state, user_id)}")
+            actor = self.hydration.build_actor(user_state, state.next_epoch(), now)
+            self.hydration.admit(actor)
+            state.counters.hydrations_completed += 1
+            admitted += 1
+        return admitted
+
+    # --- time ------------------------------------------------------------------------
+
+    def _advance_clock(self, consensus_time_ms: int) -> int:
+        state = self.state
+        now = consensus_time_ms if consensus_time_ms > state.now_ms else state.now_ms
+        state.now_ms = now
+        if now >= self._next_rotation_ms:
+            rotated = state.dedup.rotate_to(now)
+            state.counters.dedup_rotations += rotated
+            self._next_rotation_ms = (state.dedup.session + 1) * self.settings.dedup_session_ms
+        return now
+
+    # --- client commands -------------------------------------------------------------
+
+    def _on_place(self, command: PlaceOrder, now: int, out: list[Egress]) -> None:
+        reason = self.saga.place_problem(command, now)
+        if reason:
+            self.state.counters.orders_refused += 1
+            out.append(refused(command.correlation_id, reason))
+            return
+        self._to_actor(command, now, out)
+
+    def _on_cancel(self, command: CancelOrder, now: int, out: list[Egress]) -> None:
+        reason = self.saga.cancel_problem(command)
+        if reason:
+            out.append(refused(command.correlation_id, reason))
+            return
+        self._to_actor(command, now, out)
+
+    def _on_transfer(self, command: Deposit | Withdraw, now: int, out: list[Egress]) -> None:
+        reason = self.funding.transfer_problem(command)
+        if reason:
+            out.append(refused(command.correlation_id, reason))
+            return
+        self._to_actor(command, now, out)
+
+    def _on_set_risk_limits(self, command: SetRiskLimits, now: int, out: list[Egress]) -> None:
+        if command.limits.problems():
+            out.append(refused(command.correlation_id, _MALFORMED))
+            return
+        self._to_actor(command, now, out)
+
+    def _set_risk_limits(
+        self, actor: UserActor, command: SetRiskLimits, now: int, out: list[Egress]
+    ) -> None:
+        # Allowed whatever the actor's health: tightening limits is how risk responds.
+        state = self.state
+        actor.limits = NO_LIMITS if command.limits == NO_LIMITS else command.limits
+        if command.clear_reduce_only:
+            actor.reduce_only = False
+            # Measure drawdown from here on, or the old peak would trip it again at once.
+            actor.peak_equity = equity(actor, state.marks, state.settlement_symbols)
+        state.touch(actor, now)
+        out.append(ShardResult(command.correlation_id, True, 0, 0, False, False, "", 0, False))
+
+    def _to_actor(self, command: ClientCommand, now: int, out: list[Egress]) -> None:
+        """Route a statically valid client command: park it, queue it, or apply it."""
+        state = self.state
+        actor = state.actors.get(command.user_id)
+        if actor is None:
+            self.hydration.park(command.user_id, command, now, out)
+            return
+        if actor.dedup_wait is not None:
+            self.saga.park_behind(actor, command, now, out)
+            return
+        mark = len(out)
+        try:
+            self._actions[type(command)](actor, command, now, out)
+        except Exception as error:  # the supervision boundary: this user only
+            del out[mark:]
+            self.supervisor.on_failure(actor.user_id, error, now, out, command.correlation_id)
+
+    def _replay(self, item: ParkedItem, now: int, out: list[Egress]) -> None:
+        """A parked command's turn: static checks already passed when it was logged."""
+        if isinstance(item, ParkedEvent):
+            self._route_event(item.matcher_group, item.event, now, out)
+            return
+        self._to_actor(item, now, out)
+
+    def _on_dedup_answer(self, command: DedupAnswer, now: int, out: list[Egress]) -> None:
+        state = self.state
+        actor = state.actors.get(command.user_id)
+        commands = self.saga.end_dedup_wait(actor, command) if actor is not None else None
+        if actor is None or commands is None:
+            state.counters.dedup_answers_stale += 1
+            return
+        first = commands[0]
+        mark = len(out)
+        try:
+            if not isinstance(first, PlaceOrder):
+                raise OrderIndexError("a dedup wait must start with its place")
+            self.saga.resolve_dedup(actor, first, command, now, out)
+        except Exception as error:
+            del out[mark:]
+            self.supervisor.on_failure(actor.user_id, error, now, out, first.correlation_id)
+        for later in commands[1:]:
+            self._to_actor(later, now, out)
+
+    # --- matcher events ----------------------------------------------------------------
+
+    def _on_matcher_events(self, command: MatcherEvents, now: int, out: list[Egress]) -> None:
+        state = self.state
+        counters = state.counters
+        group = command.matcher_group
+        shard_id = state.shard_id
+        sequences = state.sequences
+        last = sequences.get(group, 0)
+        advanced = False
+        for event in command.events:
+            if event.oms_shard != shard_id:
+                counters.matcher_events_foreign += 1
+                continue
+            sequence = event.sequence
+            if sequence <= last:
+                counters.matcher_events_duplicate += 1
+                continue
+            if sequence != last + 1:
+                counters.matcher_sequence_gaps += 1
+            last = sequence
+            sequences[group] = sequence
+            advanced = True
+            counters.matcher_events_applied += 1
+            self._route_event(group, event, now, out)
+        if advanced and state.deferred_reconciles:
+            for report in self.reconciler.ready(group):
+                self._reconcile(report, now, out)
+
+    def _route_event(self, group: str, event: MatcherEvent, now: int, out: list[Egress]) -> None:
+        state = self.state
+        actor = state.actors.get(event.user_id)
+        if actor is None:
+            parsed = parse_order_id(event.order_id)
+            if parsed is None or parsed[1] != event.user_id:
+                state.counters.matcher_events_foreign += 1
+                return
+            self.hydration.park(event.user_id, ParkedEvent(group, event), now, out)
+            return
+        mark = len(out)
+        try:
+            self.settlement.apply(actor, event, now, out)
+        except Exception as error:  # the supervision boundary: this user only
+            del out[mark:]
+            self.supervisor.on_failure(actor.user_id, error, now, out, None)
+
+    # --- persister, marks, reconciler ---------------------------------------------------
+
+    def _on_hydrate(self, command: HydrateUser, now: int, out: list[Egress]) -> None:
+        self.hydration.on_hydrate(command, now, out)
+        self.eviction.valve(now, out)
+
+    def _on_flush_complete(self, command: FlushComplete, now: int, out: list[Egress]) -> None:
+        self.eviction.on_flush_complete(command, out)
+
+    def _on_flush_refused(self, command: FlushRefused, now: int, out: list[Egress]) -> None:
+        self.eviction.on_flush_refused(command, out)
+
+    def _on_reconcile(self, command: Reconcile, now: int, out: list[Egress]) -> None:
+        if self.reconciler.defer(command):
+            return
+        self._reconcile(command, now, out)
+
+    def _reconcile(self, command: Reconcile, now: int, out: list[Egress]) -> None:
+        mark = len(out)
+        try:
+            self.reconciler.apply(command, now, out)
+        except Exception as error:  # the supervision boundary: this user only
+            del out[mark:]
+            self.supervisor.on_failure(command.user_id, error, now, out, None)
+
+    def _on_mark_prices(self, command: MarkPrices, now: int, out: list[Egress]) -> None:
+        """New marks; drawdown is re-measured for holders with a drawdown limit.
+
+        A dehydrating actor is left alone: it is idle, and moving its peak would
+        make the state being flushed stale for nothing.
+        """
+        state = self.state
+        for symbol, price in command.prices:
+            if symbol not in state.symbols or price <= 0:
+                continue
+            state.marks[symbol] = price
+            if symbol not in state.settlement_symbols:
+                continue
+            for user_id in list(state.holders[symbol]):
+                actor = state.actors[user_id]
+                if actor.lifecycle == DEHYDRATING or not actor.limits.max_drawdown:
+                    continue
+                mark = len(out)
+                try:
+                    self.settlement.check_drawdown(actor, out)
+                except Exception as error:
+                    del out[mark:]
+                    self.supervisor.on_failure(user_id, error, now, out, None)
+
+    def _on_malformed(self, command: MalformedCommand, now: int, out: list[Egress]) -> None:
+        self.state.counters.malformed_commands += 1
+        out.append(refused(command.correlation_id, _MALFORMED))

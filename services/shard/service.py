@@ -1,0 +1,324 @@
+"""The user shard service: the shard state machine on the runtime, behind gRPC.
+
+- Execute: serialized `ShardCommandBatch` bytes go straight into the log (one
+  entry per batch, up to `max_inflight_batches` in flight per stream); each
+  entry's results come back once durable. A command that had to wait
+  (hydration, database dedup answer) is answered `parked`, then finally on the
+  same stream when the entry that decides it is durable (`ResultRouter`).
+- SubscribeEgress: durable egress from a log position, filtered by kind; the
+  persister and the bridge resume from the position after their last one.
+- GetInFlight: the bridge's work queue (every saga in flight) at a durable position.
+- PublishMarks: ticks into the conflating mailbox; a loop logs one MarkPrices
+  command per `mark_interval_ms` with the newest price of each symbol.
+- GetActor / GetStatus: operator queries, answered once applied == durable.
+A monitor loop raises a saturation alert (log event and counter) whenever the
+longest queue dwell of the last second passes `saturation_dwell_ms`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+import structlog
+
+from protos.oms.v1 import shard_pb2
+from services.runtime.egress_feed import EgressWindowExceededError
+from services.runtime.hosting import HostPlan, RuntimeHost
+from services.shard.actor_view import actor_view
+from services.shard.core.codec import egress_to_protobufs
+from services.shard.core.egress import ShardResult
+from services.shard.core.shard_machine import ShardMachine
+from services.shard.result_router import ResultRouter
+from services.shard.tick_mailbox import TickMailbox
+
+log = structlog.get_logger(__name__)
+SERVICE_NAME = "oms.v1.UserShard"
+EGRESS_PER_MESSAGE = 2_000
+FINALS_GRACE_S = 30.0
+Egress = Any  # the union of core egress records
+
+
+class ShardServicer:
+    def __init__(
+        self,
+        host: RuntimeHost[Egress],
+        *,
+        shard_id: str,
+        max_inflight_batches: int,
+        mark_interval_ms: int,
+        saturation_dwell_ms: int,
+    ) -> None:
+        self.host = host
+        self.machine: ShardMachine = host.node.replica.machine  # type: ignore[assignment]
+        self.shard_id = shard_id
+        self.max_inflight_batches = max_inflight_batches
+        self.mark_interval_ms = mark_interval_ms
+        self.saturation_dwell_ms = saturation_dwell_ms
+        self.router = ResultRouter()
+        self.marks = TickMailbox()
+        self.saturation_alerts = 0
+        self._durable = asyncio.Condition()
+
+    # --- Execute ---------------------------------------------------------------------
+
+    async def execute(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        ingress = self.host.ingress
+        window: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(self.max_inflight_batches)
+        finals: asyncio.Queue[ShardResult] = asyncio.Queue()
+        outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()
+        outstanding = 0
+        expected: dict[int, None] = {}  # correlation ids parked on this stream
+        settled = asyncio.Event()
+        settled.set()
+
+        async def read_ahead() -> None:
+            try:
+                async for payload in requests:
+                    await window.put(asyncio.create_task(ingress.submit_receipt(payload)))
+            finally:
+                await window.put(None)
+
+        async def answer_entries() -> None:
+            nonlocal outstanding
+            while (submitted := await window.get()) is not None:
+                receipt = await submitted
+                results = []
+                for item in receipt.outputs[0]:
+                    if not isinstance(item, ShardResult):
+                        continue
+                    if item.parked:
+                        outstanding += 1
+                        settled.clear()
+                        expected[item.correlation_id] = None
+                        self.router.expect(item.correlation_id, finals)
+                    elif item.correlation_id in expected:
+                        continue  # a final this stream waits for: the router delivers it
+                    results.append(item)
+                if results:
+                    await outgoing.put(
+                        self._result_batch(
+                            results, receipt.first_position, receipt.consensus_time_ms
+                        )
+                    )
+
+        async def answer_finals() -> None:
+            nonlocal outstanding
+            while True:
+                results = [await finals.get()]
+                while not finals.empty():
+                    results.append(finals.get_nowait())
+                for result in results:
+                    expected.pop(result.correlation_id, None)
+                outstanding -= len(results)
+                if outstanding <= 0:
+                    settled.set()
+                await outgoing.put(self._result_batch(results, 0, 0))
+
+        async def pump() -> None:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(read_ahead())
+                entries = group.create_task(answer_entries())
+                late = group.create_task(answer_finals())
+                await entries
+                # The client closed its side: parked commands still get their answer,
+                # for a bounded time (after that the client retries; dedup answers).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(settled.wait(), FINALS_GRACE_S)
+                late.cancel()
+            await outgoing.put(None)
+
+        pumping = asyncio.create_task(pump())
+        try:
+            while (message := await outgoing.get()) is not None:
+                yield message
+            await pumping
+        finally:
+            pumping.cancel()
+            self.router.forget(finals)
+
+    def _result_batch(
+        self, results: Sequence[ShardResult], position: int, consensus_time_ms: int
+    ) -> bytes:
+        batch = shard_pb2.ShardResultBatch()
+        for result in results:
+            for message in egress_to_protobufs(result, position, consensus_time_ms):
+                batch.results.append(message.result)
+        return batch.SerializeToString()
+
+    # --- egress subscriptions -------------------------------------------------------------
+
+    async def subscribe_egress(
+        self, request: shard_pb2.EgressSubscription, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[shard_pb2.ShardEgressBatch]:
+        kinds = set(request.kinds)
+        try:
+            async for record in self.host.feed.subscribe(max(1, request.from_position)):
+                batch = shard_pb2.ShardEgressBatch()
+                for position, item in record.items:
+                    for message in egress_to_protobufs(item, position, record.consensus_time_ms):
+                        if not kinds or message.WhichOneof("egress") in kinds:
+                            batch.items.append(message)
+                    if len(batch.items) >= EGRESS_PER_MESSAGE:
+                        yield batch
+                        batch = shard_pb2.ShardEgressBatch()
+                if batch.items:
+                    yield batch
+        except EgressWindowExceededError as error:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(error))
+
+    async def get_in_flight(
+        self, request: shard_pb2.InFlightRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> shard_pb2.InFlightSnapshot:
+        await self._wait_durable()
+        position = self.host.node.replica.applied_position
+        time_ms = self.host.node.replica.consensus_time_ms
+        snapshot = shard_pb2.InFlightSnapshot(as_of_position=position)
+        for item in self.machine.in_flight_egress():
+            snapshot.items.extend(egress_to_protobufs(item, position, time_ms))
+        return snapshot
+
+    # --- marks ----------------------------------------------------------------------------
+
+    async def publish_marks(
+        self,
+        requests: AsyncIterator[shard_pb2.MarkPrices],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> shard_pb2.Empty:
+        async for marks in requests:
+            for mark in marks.prices:
+                if mark.price_ticks > 0:
+                    self.marks.offer(mark.symbol, mark.price_ticks)
+        return shard_pb2.Empty()
+
+    async def log_conflated_marks(self) -> None:
+        while True:
+            await asyncio.sleep(self.mark_interval_ms / 1000)
+            drained = self.marks.drain()
+            if not drained:
+                continue
+            command = shard_pb2.ShardCommand()
+            for symbol, price in drained:
+                command.mark_prices.prices.add(symbol=symbol, price_ticks=price)
+            batch = shard_pb2.ShardCommandBatch(commands=[command])
+            await self.host.ingress.submit(batch.SerializeToString())
+
+    # --- queries --------------------------------------------------------------------------
+
+    async def get_actor(
+        self, request: shard_pb2.ActorQuery, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> shard_pb2.ActorView:
+        await self._wait_durable()
+        return actor_view(self.machine, request.user_id)
+
+    async def get_status(
+        self, request: shard_pb2.ShardStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> shard_pb2.ShardStatus:
+        await self._wait_durable()
+        statistics = self.machine.statistics()
+        sequencer = self.host.node.sequencer.statistics()
+        status = shard_pb2.ShardStatus(
+            shard_id=self.shard_id,
+            applied_position=self.host.node.replica.applied_position,
+            consensus_time_ms=self.host.node.replica.consensus_time_ms,
+            resident_users=statistics.resident_users,
+            parked_commands=statistics.parked_commands,
+            in_flight_sagas=statistics.in_flight_submits + statistics.in_flight_cancels,
+            evictions=_counter(statistics.counters, "evictions"),
+            hydrations=_counter(statistics.counters, "hydrations"),
+            max_queue_dwell_ms=sequencer.max_queue_dwell_ms,
+        )
+        for name, value in statistics.counters:
+            status.counters[name] = value
+        status.counters["saturation_alerts"] = self.saturation_alerts
+        mailbox = self.marks.statistics()
+        status.counters["ticks_received"] = mailbox.received
+        status.counters["ticks_conflated"] = mailbox.replaced
+        return status
+
+    # --- background loops -----------------------------------------------------------------
+
+    async def route_final_results(self) -> None:
+        feed = self.host.feed
+        async for record in feed.subscribe(feed.durable_position + 1):
+            for _, item in record.items:
+                if isinstance(item, ShardResult):
+                    self.router.route(item)
+            async with self._durable:
+                self._durable.notify_all()
+
+    async def watch_saturation(self) -> None:
+        sequencer = self.host.node.sequencer
+        while True:
+            await asyncio.sleep(1.0)
+            dwell_ms = sequencer.take_window_max_dwell_ms()
+            if dwell_ms > self.saturation_dwell_ms:
+                self.saturation_alerts += 1
+                log.warning(
+                    "shard.saturated",
+                    max_queue_dwell_ms=round(dwell_ms, 3),
+                    threshold_ms=self.saturation_dwell_ms,
+                )
+
+    async def _wait_durable(self) -> None:
+        node = self.host.node
+        while node.replica.applied_position != node.sequencer.durable_position:
+            async with self._durable:
+                await self._durable.wait()
+
+    # --- wiring ---------------------------------------------------------------------------
+
+    def register(self, server: grpc.aio.Server) -> None:
+        unary = grpc.unary_unary_rpc_method_handler
+        handlers = {
+            "Execute": grpc.stream_stream_rpc_method_handler(
+                self.execute, request_deserializer=None, response_serializer=None
+            ),
+            "SubscribeEgress": grpc.unary_stream_rpc_method_handler(
+                self.subscribe_egress,
+                request_deserializer=shard_pb2.EgressSubscription.FromString,
+                response_serializer=shard_pb2.ShardEgressBatch.SerializeToString,
+            ),
+            "GetInFlight": unary(
+                self.get_in_flight,
+                request_deserializer=shard_pb2.InFlightRequest.FromString,
+                response_serializer=shard_pb2.InFlightSnapshot.SerializeToString,
+            ),
+            "PublishMarks": grpc.stream_unary_rpc_method_handler(
+                self.publish_marks,
+                request_deserializer=shard_pb2.MarkPrices.FromString,
+                response_serializer=shard_pb2.Empty.SerializeToString,
+            ),
+            "GetActor": unary(
+                self.get_actor,
+                request_deserializer=shard_pb2.ActorQuery.FromString,
+                response_serializer=shard_pb2.ActorView.SerializeToString,
+            ),
+            "GetStatus": unary(
+                self.get_status,
+                request_deserializer=shard_pb2.ShardStatusRequest.FromString,
+                response_serializer=shard_pb2.ShardStatus.SerializeToString,
+            ),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )
+
+    def plan(self) -> HostPlan:
+        return HostPlan(
+            service_names=(SERVICE_NAME,),
+            register=self.register,
+            loops=[self.route_final_results, self.log_conflated_marks, self.watch_saturation],
+        )
+
+
+def _counter(counters: tuple[tuple[str, int], ...], name: str) -> int:
+    for key, value in counters:
+        if key == name:
+            return value
+    return 0

@@ -1,0 +1,31 @@
+"""Settings of one `oms shard` process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.settings import setting
+
+
+@dataclass(frozen=True)
+class ShardServiceSettings:
+    shard_id: str = setting(env="OMS_SHARD_ID", default="s1", help="prefixes every order id")
+    listen: str = setting(env="OMS_SHARD_LISTEN", default="127.0.0.1:7201")
+    data_dir: Path = setting(env="OMS_SHARD_DATA_DIR", default=Path("state/shard"))
+    markets_file: Path | None = setting(env="OMS_MARKETS_FILE", default=None)
+    snapshot_interval_entries: int = setting(env="OMS_SHARD_SNAPSHOT_ENTRIES", default=200_000)
+    checkpoint_interval_entries: int = setting(env="OMS_SHARD_CHECKPOINT_ENTRIES", default=100_000)
+    timer_interval_ms: int = setting(env="OMS_SHARD_TIMER_MS", default=100)
+    mark_interval_ms: int = setting(
+        env="OMS_SHARD_MARK_INTERVAL_MS", default=100, help="cadence of conflated mark prices"
+    )
+    saturation_dwell_ms: int = setting(
+        env="OMS_SHARD_SATURATION_DWELL_MS", default=10, help="queue dwell that raises an alert"
+    )
+    idle_ttl_ms: int = setting(env="OMS_SHARD_IDLE_TTL_MS", default=30 * 60_000)
+    max_resident: int = setting(env="OMS_SHARD_MAX_RESIDENT", default=2_000_000)
+    max_in_flight_sagas: int = setting(env="OMS_SHARD_MAX_IN_FLIGHT", default=100_000)
+    max_inflight_batches: int = setting(env="OMS_SHARD_MAX_INFLIGHT_BATCHES", default=64)
+    retained_egress_records: int = setting(env="OMS_SHARD_RETAINED_EGRESS", default=100_000)
+    log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")

@@ -1,0 +1,89 @@
+"""Rule 13: the reconciler's report applies once its matcher sequence has, and heals."""
+
+from __future__ import annotations
+
+from services.shard.core.commands import ReconciledOrder
+from services.shard.core.egress import OrderUpdate, RiskAlert
+from services.shard.core.vocabulary import BUY, EventKind, OrderStatus
+from tests.shard.support import ShardDriver, of_type, only, results, settings
+
+
+def _open(order_id: str, remaining: int = 1) -> ReconciledOrder:
+    return ReconciledOrder(order_id, "BTC-USDT", BUY, OrderStatus.OPEN, remaining)
+
+
+def _counter(driver: ShardDriver, name: str) -> int:
+    return driver.machine.statistics().counter(name)
+
+
+def test_a_report_ahead_of_the_applied_sequence_waits_for_it() -> None:
+    driver = ShardDriver()
+    driver.resident(1, USDT=100_000)
+    order_id = driver.accepted_order(1, "a")  # g1 at sequence 1
+    out = driver.run(driver.reconcile(1, "g1", 2, []))
+    assert out == [] and _counter(driver, "reconciles_deferred") == 1
+    assert driver.machine.statistics().deferred_reconciles == 1
+    # The matcher had cancelled it at sequence 2; the event arrives, then the report applies.
+    cancelled = driver.event("g1", EventKind.CANCELLED, order_id, 1, remaining_lots=1)
+    out = driver.run(driver.events("g1", cancelled))
+    assert only(out, OrderUpdate).status == OrderStatus.CANCELLED
+    assert _counter(driver, "reconciles_applied") == 1
+    assert _counter(driver, "reconcile_phantoms_closed") == 0  # nothing left to heal
+
+
+def test_phantoms_are_closed_and_their_reservations_released() -> None:
+    driver = ShardDriver()
+    driver.resident(1, USDT=100_000)
+    kept = driver.accepted_order(1, "kept")
+    lost = driver.accepted_order(1, "lost", price_ticks=50, quantity_lots=2)
+    other_group = driver.accepted_order(1, "eth", symbol="ETH-USDT")
+    # The matcher expired "lost" and the event never arrived (the stream moved on).
+    driver.sequences["g1"] += 1
+    out = driver.run(driver.reconcile(1, "g1", driver.sequences["g1"] - 1, [_open(kept)]))
+    update = only(out, OrderUpdate)
+    assert (update.order_id, update.status) == (lost, OrderStatus.CANCELLED)
+    actor = driver.machine.actor(1)
+    assert actor is not None and set(actor.orders) == {kept, other_group}
+    assert _counter(driver, "reconcile_phantoms_closed") == 1
+    assert _counter(driver, "reconcile_reservations_released") == 1
+
+
+def test_pending_orders_are_not_phantoms_but_a_listed_one_heals_its_lost_accept() -> None:
+    driver = ShardDriver()
+    driver.resident(1, USDT=100_000)
+    pending = results(driver.run(driver.place(1, "p")))[0].order_id
+    in_flight = results(driver.run(driver.place(1, "q")))[0].order_id
+    out = driver.run(driver.reconcile(1, "g1", 0, [_open(pending)]))
+    assert only(out, OrderUpdate).status == OrderStatus.OPEN
+    actor = driver.machine.actor(1)
+    assert actor is not None and actor.orders[in_flight].status == OrderStatus.PENDING
+    assert _counter(driver, "reconcile_acceptances_healed") == 1
+    assert driver.machine.statistics().in_flight_submits == 1
+
+
+def test_impossible_states_are_flagged_not_guessed() -> None:
+    driver = ShardDriver()
+    driver.resident(1, USDT=100_000)
+    known = driver.accepted_order(1, "k", quantity_lots=3)
+    report = [_open("s1:1:99"), _open(known, remaining=1)]
+    out = driver.run(driver.reconcile(1, "g1", 1, report))
+    alerts = of_type(out, RiskAlert)
+    assert [alert.kind for alert in alerts] == ["reconcile_impossible"] * 2
+    assert _counter(driver, "reconcile_impossible_states") == 2
+    actor = driver.machine.actor(1)
+    assert actor is not None and actor.orders[known].remaining_lots == 3  # untouched
+
+
+def test_a_report_for_a_non_resident_user_flags_what_the_matcher_still_holds() -> None:
+    driver = ShardDriver()
+    out = driver.run(driver.reconcile(9, "g1", 0, [_open("s1:9:1")]))
+    assert only(out, RiskAlert).kind == "reconcile_impossible"
+    assert driver.machine.statistics().hydrating_users == 0
+
+
+def test_deferred_reports_are_bounded() -> None:
+    driver = ShardDriver(settings(max_deferred_reconciles=2))
+    for user_id in range(3):
+        driver.run(driver.reconcile(user_id, "g1", 10, []))
+    stats = driver.machine.statistics()
+    assert stats.deferred_reconciles == 2 and stats.counter("reconciles_dropped") == 1
