@@ -6,7 +6,10 @@ neither pay nothing. OMS_ETCD_ENDPOINTS / OMS_DATABASE_URL point tests at existi
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -58,8 +61,14 @@ def database_url(
     if infra_settings.database_url:
         yield infra_settings.database_url
         return
-    with EmbeddedPostgres(tmp_path_factory.mktemp("postgres"), fast_unsafe=True) as postgres:
-        yield postgres.url
+    # Not under pytest's base temp folder: pytest resets it to mode 0700 whenever a
+    # session starts, and PostgreSQL runs as another user that must reach its data.
+    data_dir = Path(tempfile.mkdtemp(prefix="oms-test-postgres-"))
+    try:
+        with EmbeddedPostgres(data_dir, fast_unsafe=True) as postgres:
+            yield postgres.url
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
