@@ -6,10 +6,7 @@ neither pay nothing. OMS_ETCD_ENDPOINTS / OMS_DATABASE_URL point tests at existi
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -19,6 +16,7 @@ from services.infra.embedded_postgres import EmbeddedPostgres
 from services.infra.local_infra import InfraEndpoints
 from services.infra.settings import InfraSettings
 from services.settings import load_settings
+from tests.server_folders import server_reachable_folder
 
 settings.register_profile(
     "ci",
@@ -61,14 +59,11 @@ def database_url(
     if infra_settings.database_url:
         yield infra_settings.database_url
         return
-    # Not under pytest's base temp folder: pytest resets it to mode 0700 whenever a
-    # session starts, and PostgreSQL runs as another user that must reach its data.
-    data_dir = Path(tempfile.mkdtemp(prefix="oms-test-postgres-"))
-    try:
-        with EmbeddedPostgres(data_dir, fast_unsafe=True) as postgres:
-            yield postgres.url
-    finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
+    with (
+        server_reachable_folder("oms-test-postgres-") as data_dir,
+        EmbeddedPostgres(data_dir, fast_unsafe=True) as postgres,
+    ):
+        yield postgres.url
 
 
 @pytest.fixture(scope="session")

@@ -19,18 +19,41 @@ Each phase runs `--repeat` times from scratch and the best run is shown, as rate
 per wall-clock second and per CPU second of this process (the machine may be
 shared). `--gc tuned` freezes the pre-loaded heap and raises the collector's
 thresholds (what a service would do after restore); `default` leaves CPython's.
+
+The "service" phase (`--phases core,service`, both by default) runs the same mix
+through a real `oms matcher` subprocess on a free loopback port, with its O_DSYNC
+log in a temporary folder and a catalog holding the benchmark's symbol: the
+passive pre-load first (untimed), then `--seconds` of batches of `--batch`
+commands on one Execute stream with `--inflight` batches in flight. It reports
+commands/s, the latency of each batch from submit to its result (p50, p99, max),
+and the matcher process's CPU time. The subprocess is stopped (SIGTERM, then
+SIGKILL) and reaped whatever happens.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import gc
+import os
 import random
+import signal
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.oms.v1 import common_pb2, matcher_pb2
+from services.bench.latency import summarize_ms
+from services.infra.ports import LOOPBACK, free_port
 from services.matcher.core.codec import decode_command_batch
 from services.matcher.core.engine import MatcherEngine
 from services.matcher.core.machine import MatcherMachine
@@ -52,6 +75,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=3, help="runs per phase; the best is shown")
     parser.add_argument("--gc", choices=("default", "tuned"), default="default")
+    parser.add_argument(
+        "--phases",
+        type=_phases,
+        default=PHASE_GROUPS,
+        help="comma-separated: core (in-process phases), service (through `oms matcher`)",
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="service phase: timed seconds")
+    parser.add_argument(
+        "--inflight", type=int, default=8, help="service phase: batches in flight on the stream"
+    )
+
+
+PHASE_GROUPS = ("core", "service")
+
+
+def _phases(text: str) -> tuple[str, ...]:
+    chosen = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in chosen if name not in PHASE_GROUPS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"phases are {', '.join(PHASE_GROUPS)}; got {text!r}")
+    return chosen
 
 
 def bench_settings() -> EngineSettings:
@@ -237,6 +281,17 @@ def _time(action: Callable[[], object]) -> tuple[float, object]:
 
 
 def run(arguments: argparse.Namespace) -> int:
+    status = 0
+    if "core" in arguments.phases:
+        status |= _run_core(arguments)
+    if "service" in arguments.phases:
+        if "core" in arguments.phases:
+            print()
+        status |= _run_service(arguments)
+    return status
+
+
+def _run_core(arguments: argparse.Namespace) -> int:
     print(
         f"matcher core, one process, {arguments.orders:,} commands per phase in batches of "
         f"{arguments.batch}, {arguments.preload:,} orders resting before timing, "
@@ -283,3 +338,228 @@ def run(arguments: argparse.Namespace) -> int:
         f"(hash {'identical' if same else 'DIFFERENT'})"
     )
     return 0 if same else 1
+
+
+# --- the service phase: the same mix through a real `oms matcher` process ---------------
+
+SERVICE_GROUP = "bench"
+SERVICE_NAME = "oms.v1.Matcher"
+REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+_CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+)
+
+
+@dataclass(frozen=True)
+class ServiceRun:
+    commands: int
+    batches: int
+    rejected: int
+    seconds: float
+    latencies_ns: list[int]
+    server_cpu_seconds: float
+
+
+def _markets_toml(settings: EngineSettings, group: str) -> str:
+    """A market catalog holding the benchmark's symbols, all in `group`."""
+    blocks = []
+    for symbol in settings.symbols:
+        blocks.append(
+            "\n".join(
+                (
+                    "[[market]]",
+                    f'symbol = "{symbol.symbol}"',
+                    f'base_asset = "{symbol.base_asset}"',
+                    f'quote_asset = "{symbol.quote_asset}"',
+                    f"lot_size = {symbol.lot_size}",
+                    f"tick_size = {symbol.tick_size}",
+                    f"min_notional = {symbol.min_notional}",
+                    f"price_band_bps = {symbol.price_band_bps}",
+                    f"reference_price_ticks = {symbol.reference_price_ticks}",
+                    f"maker_fee_ppm = {symbol.maker_fee_ppm}",
+                    f"taker_fee_ppm = {symbol.taker_fee_ppm}",
+                    f'matcher_group = "{group}"',
+                )
+            )
+        )
+    return "\n\n".join(blocks) + "\n"
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process, from /proc (0.0 where unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    # Fields after "(comm)" start at 3 (state); utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_service(folder: Path, settings: EngineSettings) -> tuple[subprocess.Popen[bytes], str]:
+    markets = folder / "markets.toml"
+    markets.write_text(_markets_toml(settings, SERVICE_GROUP))
+    address = f"{LOOPBACK}:{free_port()}"
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            part for part in (str(REPOSITORY_ROOT), os.environ.get("PYTHONPATH", "")) if part
+        ),
+        "OMS_MATCHER_DEDUP_HORIZON_MS": str(settings.dedup_horizon_ms),
+        "OMS_LOG_LEVEL": "WARNING",
+    }
+    with (folder / "matcher.log").open("wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.command_line",
+                "matcher",
+                "--group",
+                SERVICE_GROUP,
+                "--listen",
+                address,
+                "--data-dir",
+                str(folder / "data"),
+                "--markets-file",
+                str(markets),
+            ],
+            cwd=REPOSITORY_ROOT,
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    return process, address
+
+
+def _wait_serving(process: subprocess.Popen[bytes], address: str, log: Path) -> None:
+    """Poll grpc.health.v1 until the matcher is SERVING; fail if it exits or times out."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"oms matcher exited with {process.returncode}:\n{log.read_text()[-2000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"oms matcher not SERVING within {START_TIMEOUT_S:g} s")
+            with contextlib.suppress(grpc.RpcError):
+                answer = health.Check(
+                    health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=1
+                )
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            time.sleep(0.05)
+
+
+def _stop_service(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then SIGKILL if it lingers; always reaped. The exit code (negative: signal)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait()
+
+
+async def _stream(
+    channel: grpc.aio.Channel, batches: Sequence[bytes], inflight: int, seconds: float | None
+) -> tuple[int, int, int, list[int]]:
+    """Send `batches` on one Execute stream, `inflight` unanswered at most, for `seconds`.
+
+    Returns (batches answered, commands answered, commands rejected, latency of each batch
+    from submit to result in ns). Batches are sent as the bytes they are, like an OMS shard.
+    """
+    execute = channel.stream_stream(
+        "/oms.v1.Matcher/Execute", request_serializer=None, response_deserializer=None
+    )
+    call = execute()
+    slots = asyncio.Semaphore(inflight)
+    sent_at: deque[int] = deque()
+    stop_at = None if seconds is None else time.perf_counter() + seconds
+
+    async def write() -> None:
+        for data in batches:
+            if stop_at is not None and time.perf_counter() >= stop_at:
+                break
+            await slots.acquire()
+            sent_at.append(time.perf_counter_ns())
+            await call.write(data)
+        await call.done_writing()
+
+    writer = asyncio.create_task(write())
+    latencies: list[int] = []
+    commands = rejected = 0
+    try:
+        while True:
+            answer = await call.read()
+            if answer is grpc.aio.EOF:
+                break
+            latencies.append(time.perf_counter_ns() - sent_at.popleft())
+            slots.release()
+            results = matcher_pb2.MatcherResultBatch.FromString(answer).results
+            commands += len(results)
+            rejected += sum(1 for result in results if result.reject_reason)
+        await writer
+    finally:
+        writer.cancel()
+    return len(latencies), commands, rejected, latencies
+
+
+async def _drive_service(
+    address: str, pid: int, preload: list[bytes], timed: list[bytes], arguments: argparse.Namespace
+) -> ServiceRun:
+    async with grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS) as channel:
+        await _stream(channel, preload, arguments.inflight, None)
+        cpu_started = _cpu_seconds(pid)
+        started = time.perf_counter()
+        batches, commands, rejected, latencies = await _stream(
+            channel, timed, arguments.inflight, arguments.seconds
+        )
+        elapsed = time.perf_counter() - started
+        cpu = _cpu_seconds(pid) - cpu_started
+    return ServiceRun(commands, batches, rejected, elapsed, latencies, cpu)
+
+
+def _run_service(arguments: argparse.Namespace) -> int:
+    settings = bench_settings()
+    workload = Workload(arguments.seed, arguments.users)
+    preload = workload.batches(arguments.preload, arguments.batch, passive_only=True)
+    timed = workload.batches(arguments.orders, arguments.batch)
+    print(
+        f"matcher service: a real `oms matcher` subprocess on loopback, O_DSYNC log in a temporary "
+        f"folder; {arguments.preload:,} passive orders pre-loaded through it, then up to "
+        f"{arguments.seconds:g} s (at most {arguments.orders:,} commands) of the same mix in "
+        f"batches of {arguments.batch}, {arguments.inflight} batches in flight on one Execute "
+        f"stream, seed {arguments.seed}"
+    )
+    with tempfile.TemporaryDirectory(prefix="oms-matcher-bench-") as name:
+        folder = Path(name)
+        process, address = _start_service(folder, settings)
+        try:
+            _wait_serving(process, address, folder / "matcher.log")
+            result = asyncio.run(_drive_service(address, process.pid, preload, timed, arguments))
+        finally:
+            exit_code = _stop_service(process)
+    p50, p99, longest = summarize_ms(result.latencies_ns)
+    header = (
+        f"{'phase':<28}{'cmd/s wall':>11}{'batches':>9}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}"
+        f"{'server CPU s':>13}{'cmd/CPU s':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    per_cpu = result.commands / result.server_cpu_seconds if result.server_cpu_seconds else 0.0
+    print(
+        f"{'service (Execute stream)':<28}{result.commands / result.seconds:>11,.0f}"
+        f"{result.batches:>9,}{p50:>8.2f}{p99:>8.2f}{longest:>8.2f}"
+        f"{result.server_cpu_seconds:>13.2f}{per_cpu:>11,.0f}"
+    )
+    print(
+        f"{result.commands:,} commands in {result.seconds:.2f} s, {result.rejected:,} rejected; "
+        f"matcher exited with {exit_code} on SIGTERM"
+    )
+    return 0 if exit_code == 0 else 1

@@ -7,7 +7,10 @@ entry is durable. Subscribe serves one OMS shard's lifecycle events from a
 sequence, never past what is durable: events are read from the engine's
 retained window, bounded by the durable sequence the egress feed reports.
 Queries wait until the state applied equals the state durable, so an answer
-never reflects an entry that a crash could still lose.
+never reflects an entry that a crash could still lose; while one waits, Execute
+streams hold new batches back, so the sequencer drains and the wait ends instead
+of lasting until the load pauses (applying overlaps writing: under load the
+state applied is nearly always one record ahead of the durable one).
 """
 
 from __future__ import annotations
@@ -45,16 +48,23 @@ class DurableView:
 
     async def follow(self, host: RuntimeHost[MatcherEgress]) -> None:
         async for record in host.feed.subscribe(host.feed.durable_position + 1):
-            prices_moved = False
+            # Prices come from this record's fills, not from the machine: the machine may
+            # already have applied the next record, whose trades are not durable yet.
+            last_fills: dict[str, FillEvent] = {}
             for _, egress in record.items:
                 for event in egress.events:
                     shard = event.spec.oms_shard
                     if event.sequence > self.sequences.get(shard, 0):
                         self.sequences[shard] = event.sequence
-                    prices_moved = prices_moved or isinstance(event, FillEvent)
-            if prices_moved:
-                for price in self.machine.last_prices():
-                    self.last_prices[price.symbol] = price
+                    if isinstance(event, FillEvent):
+                        last_fills[event.spec.symbol] = event
+            for symbol, fill in last_fills.items():
+                self.last_prices[symbol] = matcher_pb2.LastPrice(
+                    symbol=symbol,
+                    price_ticks=fill.price_ticks,
+                    trade_id=fill.trade_id,
+                    consensus_time_ms=fill.consensus_time_ms,
+                )
             async with self.changed:
                 self.changed.notify_all()
 
@@ -69,6 +79,9 @@ class MatcherServicer:
         self.machine: MatcherMachine = host.node.replica.machine  # type: ignore[assignment]
         self.view = DurableView(self.machine)
         self.max_inflight = max_inflight
+        self.queries_waiting = 0
+        self.ingress_open = asyncio.Event()  # cleared while a query waits for durability
+        self.ingress_open.set()
 
     async def execute(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
@@ -80,6 +93,7 @@ class MatcherServicer:
 
         async def read_ahead() -> None:
             async for payload in requests:
+                await self.ingress_open.wait()
                 await window.put(asyncio.create_task(ingress.submit(payload)))
             await window.put(None)
 
@@ -89,7 +103,11 @@ class MatcherServicer:
                 submitted = await window.get()
                 if submitted is None:
                     break
-                _, outputs = await submitted
+                try:
+                    _, outputs = await submitted
+                except ValueError as error:  # over the log's entry size cap: nothing logged
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+                    raise AssertionError("abort() raises") from error
                 egress: MatcherEgress = outputs[0]
                 if egress.refused is not None:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, egress.refused)
@@ -148,8 +166,17 @@ class MatcherServicer:
 
     async def _wait_durable(self) -> None:
         node = self.host.node
-        while node.replica.applied_position != node.sequencer.durable_position:
-            await self.view.wait_change()
+        if node.replica.applied_position == node.sequencer.durable_position:
+            return
+        self.queries_waiting += 1
+        self.ingress_open.clear()
+        try:
+            while node.replica.applied_position != node.sequencer.durable_position:
+                await self.view.wait_change()
+        finally:
+            self.queries_waiting -= 1
+            if not self.queries_waiting:
+                self.ingress_open.set()
 
     def register(self, server: grpc.aio.Server) -> None:
         handlers = {

@@ -1,0 +1,1 @@
+"""The matcher as a service: real `oms matcher` processes on loopback, driven over gRPC."""
