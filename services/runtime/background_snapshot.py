@@ -65,7 +65,8 @@ class ForkedSnapshotWriter:
         started = time.perf_counter_ns()
         # Frozen objects are skipped by the cyclic collector in both processes, so
         # neither a collection in the parent nor one in the child walks (and so
-        # copies) every page of the state while the child is serializing it.
+        # copies) every page of the state while the child is serializing it. They
+        # stay frozen afterwards: see services/runtime/collector.py.
         gc.freeze()
         pid = os.fork()
         if pid == 0:  # child: serialize and leave without running any parent cleanup
@@ -101,7 +102,6 @@ class ForkedSnapshotWriter:
             await loop.run_in_executor(None, self.store.publish, position)
         finally:
             self.in_progress_position = None
-            gc.unfreeze()
         self.last_result = SnapshotResult(
             position, fork_pause_ns, time.perf_counter_ns() - started_ns
         )

@@ -21,6 +21,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from services.runtime.collector import settle_long_lived_state
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.ingress import CommandIngress
 from services.runtime.node import RecoveryReport, RuntimeNode
@@ -79,6 +80,7 @@ class RuntimeHost(Generic[EgressT]):
 
     async def run(self, plan_for: Callable[[RuntimeHost[EgressT]], HostPlan]) -> None:
         self.recovery = await self.node.recover(on_replayed=self.feed.publish)
+        settle_long_lived_state()
         self.feed.start_at(self.node.replica.applied_position)
         self._ingress = CommandIngress(self.node.sequencer)
         plan = plan_for(self)
