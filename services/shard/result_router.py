@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 from services.shard.core.egress import ShardResult
 
+# A final result with the log stamp of the entry that decided it: (result, position, time).
+Stamped = tuple[ShardResult, int, int]
+
 
 @dataclass(frozen=True, slots=True)
 class RouterStatistics:
@@ -30,12 +33,12 @@ class ResultRouter:
     def __init__(self, max_waiting: int = 100_000, max_unclaimed: int = 10_000) -> None:
         self.max_waiting = max_waiting
         self.max_unclaimed = max_unclaimed
-        self._waiting: OrderedDict[int, asyncio.Queue[ShardResult]] = OrderedDict()
-        self._unclaimed: OrderedDict[int, ShardResult] = OrderedDict()
+        self._waiting: OrderedDict[int, asyncio.Queue[Stamped]] = OrderedDict()
+        self._unclaimed: OrderedDict[int, Stamped] = OrderedDict()
         self._parked: OrderedDict[int, None] = OrderedDict()
         self._delivered = 0
 
-    def expect(self, correlation_id: int, queue: asyncio.Queue[ShardResult]) -> None:
+    def expect(self, correlation_id: int, queue: asyncio.Queue[Stamped]) -> None:
         """`queue` wants the final result of `correlation_id`."""
         early = self._unclaimed.pop(correlation_id, None)
         if early is not None:
@@ -46,13 +49,15 @@ class ResultRouter:
         while len(self._waiting) > self.max_waiting:
             self._waiting.popitem(last=False)  # that stream's client will retry
 
-    def forget(self, queue: asyncio.Queue[ShardResult]) -> None:
+    def forget(self, queue: asyncio.Queue[Stamped]) -> None:
         """The stream closed: stop routing to it."""
         for correlation_id in [key for key, value in self._waiting.items() if value is queue]:
             del self._waiting[correlation_id]
 
-    def route(self, result: ShardResult) -> None:
+    def route(self, result: ShardResult, position: int = 0, consensus_time_ms: int = 0) -> None:
         """Every durable result passes here; only finals of parked commands are routed.
+
+        `position` and `consensus_time_ms` stamp the entry that decided the result.
 
         Immediate results go back on the stream that sent the command, straight
         from its log entry, so they are ignored here.
@@ -66,12 +71,13 @@ class ResultRouter:
         if correlation_id not in self._parked:
             return  # an immediate result: its stream already has it
         del self._parked[correlation_id]
+        stamped = (result, position, consensus_time_ms)
         queue = self._waiting.pop(correlation_id, None)
         if queue is not None:
-            queue.put_nowait(result)
+            queue.put_nowait(stamped)
             self._delivered += 1
             return
-        self._unclaimed[correlation_id] = result
+        self._unclaimed[correlation_id] = stamped
         while len(self._unclaimed) > self.max_unclaimed:
             self._unclaimed.popitem(last=False)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 
 from protos.oms.v1 import shard_pb2
 from services.runtime.egress_feed import EgressWindowExceededError
@@ -32,7 +33,7 @@ from services.shard.actor_view import actor_view
 from services.shard.core.codec import egress_to_protobufs
 from services.shard.core.egress import ShardResult
 from services.shard.core.shard_machine import ShardMachine
-from services.shard.result_router import ResultRouter
+from services.shard.result_router import ResultRouter, Stamped
 from services.shard.tick_mailbox import TickMailbox
 
 log = structlog.get_logger(__name__)
@@ -69,8 +70,10 @@ class ShardServicer:
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         ingress = self.host.ingress
-        window: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(self.max_inflight_batches)
-        finals: asyncio.Queue[ShardResult] = asyncio.Queue()
+        window: asyncio.Queue[tuple[asyncio.Task[Any], bytes] | None] = asyncio.Queue(
+            self.max_inflight_batches
+        )
+        finals: asyncio.Queue[Stamped] = asyncio.Queue()
         outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()
         outstanding = 0
         expected: dict[int, None] = {}  # correlation ids parked on this stream
@@ -80,15 +83,19 @@ class ShardServicer:
         async def read_ahead() -> None:
             try:
                 async for payload in requests:
-                    await window.put(asyncio.create_task(ingress.submit_receipt(payload)))
+                    task = asyncio.create_task(ingress.submit_receipt(payload))
+                    await window.put((task, payload))
             finally:
                 await window.put(None)
 
         async def answer_entries() -> None:
             nonlocal outstanding
             while (submitted := await window.get()) is not None:
-                receipt = await submitted
-                results = []
+                task, payload = submitted
+                receipt = await task
+                position, time_ms = receipt.first_position, receipt.consensus_time_ms
+                own: frozenset[int] | None = None
+                results: list[Stamped] = []
                 for item in receipt.outputs[0]:
                     if not isinstance(item, ShardResult):
                         continue
@@ -99,13 +106,16 @@ class ShardServicer:
                         self.router.expect(item.correlation_id, finals)
                     elif item.correlation_id in expected:
                         continue  # a final this stream waits for: the router delivers it
-                    results.append(item)
+                    else:
+                        # A HydrateUser or DedupAnswer in this entry releases commands that
+                        # other streams sent: their finals go there (router), not here.
+                        if own is None:
+                            own = _correlation_ids(payload)
+                        if item.correlation_id not in own:
+                            continue
+                    results.append((item, position, time_ms))
                 if results:
-                    await outgoing.put(
-                        self._result_batch(
-                            results, receipt.first_position, receipt.consensus_time_ms
-                        )
-                    )
+                    await outgoing.put(self._result_batch(results))
 
         async def answer_finals() -> None:
             nonlocal outstanding
@@ -113,12 +123,12 @@ class ShardServicer:
                 results = [await finals.get()]
                 while not finals.empty():
                     results.append(finals.get_nowait())
-                for result in results:
+                for result, _, _ in results:
                     expected.pop(result.correlation_id, None)
                 outstanding -= len(results)
                 if outstanding <= 0:
                     settled.set()
-                await outgoing.put(self._result_batch(results, 0, 0))
+                await outgoing.put(self._result_batch(results))
 
         async def pump() -> None:
             async with asyncio.TaskGroup() as group:
@@ -142,11 +152,9 @@ class ShardServicer:
             pumping.cancel()
             self.router.forget(finals)
 
-    def _result_batch(
-        self, results: Sequence[ShardResult], position: int, consensus_time_ms: int
-    ) -> bytes:
+    def _result_batch(self, results: Sequence[Stamped]) -> bytes:
         batch = shard_pb2.ShardResultBatch()
-        for result in results:
+        for result, position, consensus_time_ms in results:
             for message in egress_to_protobufs(result, position, consensus_time_ms):
                 batch.results.append(message.result)
         return batch.SerializeToString()
@@ -157,10 +165,13 @@ class ShardServicer:
         self, request: shard_pb2.EgressSubscription, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[shard_pb2.ShardEgressBatch]:
         kinds = set(request.kinds)
+        start = max(1, request.from_position)
         try:
-            async for record in self.host.feed.subscribe(max(1, request.from_position)):
+            async for record in self.host.feed.subscribe(start):
                 batch = shard_pb2.ShardEgressBatch()
                 for position, item in record.items:
+                    if position < start:
+                        continue  # a resume inside a multi-entry record: already delivered
                     for message in egress_to_protobufs(item, position, record.consensus_time_ms):
                         if not kinds or message.WhichOneof("egress") in kinds:
                             batch.items.append(message)
@@ -246,9 +257,9 @@ class ShardServicer:
     async def route_final_results(self) -> None:
         feed = self.host.feed
         async for record in feed.subscribe(feed.durable_position + 1):
-            for _, item in record.items:
+            for position, item in record.items:
                 if isinstance(item, ShardResult):
-                    self.router.route(item)
+                    self.router.route(item, position, record.consensus_time_ms)
             async with self._durable:
                 self._durable.notify_all()
 
@@ -315,6 +326,15 @@ class ShardServicer:
             register=self.register,
             loops=[self.route_final_results, self.log_conflated_marks, self.watch_saturation],
         )
+
+
+def _correlation_ids(payload: bytes) -> frozenset[int]:
+    """The correlation ids a stream's batch carried (0 answers an undecodable batch)."""
+    try:
+        commands = shard_pb2.ShardCommandBatch.FromString(payload).commands
+    except (DecodeError, ValueError):
+        return frozenset((0,))
+    return frozenset((0, *(command.correlation_id for command in commands)))
 
 
 def _counter(counters: tuple[tuple[str, int], ...], name: str) -> int:
