@@ -58,6 +58,9 @@ from services.matcher.core.commands import (
 )
 from services.matcher.core.dedup import DedupIndex
 from services.matcher.core.errors import MatcherInvariantError
+from services.matcher.core.event_log import ACCEPTED as ACCEPTED_KIND
+from services.matcher.core.event_log import CANCELLED as CANCELLED_KIND
+from services.matcher.core.event_log import FILL as FILL_KIND
 from services.matcher.core.event_log import (
     AcceptedEvent,
     CancelledEvent,
@@ -66,6 +69,7 @@ from services.matcher.core.event_log import (
     FillEvent,
     RejectedEvent,
     ShardStream,
+    retained_event,
 )
 from services.matcher.core.expiry import ExpiryQueue
 from services.matcher.core.money import affordable_lots, market_reach
@@ -76,30 +80,58 @@ from services.matcher.core.orders import (
     EXPIRED,
     FILLED,
     FOK,
+    GTC,
     GTD,
     IOC,
     LAST_LIVE,
     LIMIT,
+    MARKET,
     OPEN,
     PARTIALLY_FILLED,
     POST_ONLY,
     REJECTED,
+    SELL,
     OrderRecord,
     OrderSpec,
     OrderView,
     new_record,
     unrecorded_view,
 )
-from services.matcher.core.settings import INT64_MAX, PPM, EngineSettings, SymbolSettings
-from services.matcher.core.state_digest import MASK, order_digest, static_digest, text_digest
+from services.matcher.core.settings import BPS, INT64_MAX, PPM, EngineSettings, SymbolSettings
+from services.matcher.core.state_digest import (
+    FINISH,
+    M_END,
+    M_FEES,
+    M_FILLED,
+    M_NOTIONAL,
+    M_REMAINING,
+    M_SPENT,
+    M_STATUS,
+    MASK,
+    S_ARRIVAL,
+    S_EXPIRE,
+    S_FLAGS,
+    S_PRICE,
+    S_QUANTITY,
+    S_QUOTE,
+    S_SEQ,
+    S_USER,
+    order_digest,
+    static_digest,
+    text_digest,
+)
 from services.matcher.core.symbols import LastTrade, SymbolBook
 from services.matcher.core.validation import (
+    BELOW_MIN_NOTIONAL,
     FOK_NOT_FILLABLE,
     INVALID_ORDER,
     INVALID_ORDER_ID,
     NO_LIQUIDITY,
+    OUTSIDE_PRICE_BAND,
     POST_ONLY_WOULD_CROSS,
+    SYMBOL_HALTED,
     UNKNOWN_SYMBOL,
+    USER_KILL_SWITCHED,
     admission_reject_reason,
 )
 
@@ -112,6 +144,30 @@ PRICE_BAND: Final[int] = matcher_pb2.CANCEL_REASON_PRICE_BAND
 
 CANCEL_OLDEST: Final[int] = matcher_pb2.SELF_TRADE_PREVENTION_CANCEL_OLDEST
 CANCEL_BOTH: Final[int] = matcher_pb2.SELF_TRADE_PREVENTION_CANCEL_BOTH
+
+# Builds an OrderRecord without running `OrderRecord.__init__` (the hot path sets every slot).
+_new_order = object.__new__
+_OPEN_STATUS_DIGEST: Final[int] = OPEN * M_STATUS
+_PARTIAL_STATUS_DIGEST: Final[int] = PARTIALLY_FILLED * M_STATUS
+_FILLED_STATUS_DIGEST: Final[int] = FILLED * M_STATUS
+_CANCELLED_STATUS_DIGEST: Final[int] = CANCELLED * M_STATUS
+# state_digest.static_digest's flags term, by [side][order_type][time_in_force][stp], for
+# the values an accepted order can have (rejected ones use `static_digest` itself).
+_FLAG_DIGESTS: Final = tuple(
+    tuple(
+        tuple(
+            tuple(
+                (side + (order_type << 8) + (time_in_force << 16) + (stp << 24)) * S_FLAGS
+                for stp in range(CANCEL_BOTH + 1)
+            )
+            for time_in_force in range(POST_ONLY + 1)
+        )
+        for order_type in range(MARKET + 1)
+    )
+    for side in range(SELL + 1)
+)
+_SIDES: Final = (BUY, SELL)
+_IOC_FOK: Final = (IOC, FOK)
 
 _HASH_HEADER = struct.Struct("<QQQQQQ")
 _HASH_SETTINGS = struct.Struct("<QQQQQ")
@@ -186,29 +242,81 @@ class MatcherEngine:
         order.digest = digest
 
     def _submit(self, command: SubmitCommand, now: int, events: list[EventRecord]) -> CommandResult:
+        # The hot path of the engine: written with locals and inlined helpers. What it
+        # inlines is stated once elsewhere: the admission checks in `validation`, the
+        # record's fields in `OrderRecord.__init__`, the digests in `state_digest`,
+        # resting in `BookSide.rest`.
         spec = command.spec
-        if not spec.user_seq:
+        (
+            order_id,
+            user_id,
+            symbol,
+            side,
+            order_type,
+            time_in_force,
+            price,
+            quantity,
+            quote_amount,
+            expire_at_ms,
+            stp,
+            oms_shard,
+            user_seq,
+        ) = spec
+        if not user_seq:
             return CommandResult(
                 command.correlation_id, False, unrecorded_view(spec), INVALID_ORDER_ID, False
             )
-        known = self.dedup.orders.get(spec.order_id)
+        dedup_orders = self.dedup.orders
+        known = dedup_orders.get(order_id)
         if known is not None:
             return CommandResult(
                 command.correlation_id, True, known.view(), known.reject_reason, False
             )
-        book = self.books.get(spec.symbol)
+        book = self.books.get(symbol)
         if book is None:
             return self._reject(command.correlation_id, spec, UNKNOWN_SYMBOL, now, events)
-        reason = admission_reject_reason(spec, book, now, self.kill_switched)
+        is_limit = order_type == LIMIT
+        if (
+            is_limit
+            and price > 0
+            and quantity > 0
+            and not quote_amount
+            and not expire_at_ms
+            and side in _SIDES
+            and (GTC <= time_in_force <= FOK or time_in_force == POST_ONLY)
+            and 0 <= stp <= CANCEL_BOTH
+        ):
+            # `admission_reject_reason` for a limit order whose fields are consistent
+            # (`field_reject_reason` is 0) and that is not GTD.
+            kill_switched = self.kill_switched
+            if kill_switched and user_id in kill_switched:
+                reason = USER_KILL_SWITCHED
+            elif book.halted:
+                reason = SYMBOL_HALTED
+            else:
+                settings = book.settings
+                limit_notional = price * quantity * settings.tick_size
+                if limit_notional < settings.min_notional:
+                    reason = BELOW_MIN_NOTIONAL
+                elif limit_notional > INT64_MAX:
+                    reason = INVALID_ORDER
+                else:
+                    reference = book.last_price_ticks or settings.reference_price_ticks
+                    distance = price - reference if price >= reference else reference - price
+                    if distance * BPS > reference * settings.price_band_bps:
+                        reason = OUTSIDE_PRICE_BAND
+                    else:
+                        reason = 0
+        else:
+            reason = admission_reject_reason(spec, book, now, self.kill_switched)
         if reason:
             return self._reject(command.correlation_id, spec, reason, now, events)
 
-        is_buy = spec.side == BUY
+        is_buy = side == BUY
         contra = book.asks if is_buy else book.bids
-        best = contra.best_price()
-        time_in_force = spec.time_in_force
-        if spec.order_type == LIMIT:
-            price = spec.price_ticks
+        contra_keys = contra.keys
+        best = (-contra_keys[-1] if is_buy else contra_keys[-1]) if contra_keys else None
+        if is_limit:
             crosses = best is not None and (best <= price if is_buy else best >= price)
             if crosses:
                 if time_in_force == POST_ONLY:
@@ -218,42 +326,108 @@ class MatcherEngine:
             elif time_in_force == FOK:
                 reason = FOK_NOT_FILLABLE
             if not reason and not is_buy and best is not None:
-                reason = _sell_overflow(spec.quantity_lots, max(price, best), book)
+                # INVALID_ORDER when a sell's worst-case proceeds would not fit in int64.
+                highest = price if price > best else best
+                if quantity * highest * book.settings.tick_size > INT64_MAX:
+                    reason = INVALID_ORDER
         else:
             crosses = True
             reason = self._market_liquidity(spec, book, best, is_buy)
             if not reason and not is_buy and best is not None:
-                reason = _sell_overflow(spec.quantity_lots, best, book)
+                reason = _sell_overflow(quantity, best, book)
         if reason:
             return self._reject(command.correlation_id, spec, reason, now, events)
 
-        stream = self.streams.get(spec.oms_shard) or self._stream(spec.oms_shard)
+        stream = self.streams.get(oms_shard) or self._stream(oms_shard)
         arrival = self.last_arrival + 1
         self.last_arrival = arrival
-        order = OrderRecord(
-            spec, stream, arrival, static_digest(spec, stream.digest, book.digest, arrival, 0)
+        # state_digest.static_digest(spec, stream.digest, book.digest, arrival, 0)
+        key_digest = (
+            stream.digest
+            + book.digest
+            + user_id * S_USER
+            + user_seq * S_SEQ
+            + price * S_PRICE
+            + quantity * S_QUANTITY
+            + _FLAG_DIGESTS[side][order_type][time_in_force][stp]
+            + arrival * S_ARRIVAL
         )
-        order.status = OPEN  # NEW -> OPEN
-        self.dedup.orders[spec.order_id] = order
+        if quote_amount:
+            key_digest += quote_amount * S_QUOTE
+        if expire_at_ms:
+            key_digest += expire_at_ms * S_EXPIRE
+        key_digest &= MASK
+        # OrderRecord(spec, stream, arrival, key_digest), moved NEW -> OPEN
+        order = _new_order(OrderRecord)
+        order.spec = spec
+        order.order_id = order_id
+        order.user_id = user_id
+        order.side = side
+        order.price_ticks = price
+        order.stream = stream
+        order.arrival = arrival
+        order.key_digest = key_digest
+        order.digest = 0
+        order.status = OPEN
+        order.filled_lots = 0
+        order.remaining_lots = quantity
+        order.filled_notional = 0
+        order.fees_paid = 0
+        order.quote_spent = 0
+        order.end_time_ms = 0
+        order.reject_reason = 0
+        dedup_orders[order_id] = order
         sequence = stream.next_sequence
         stream.next_sequence = sequence + 1
-        event: EventRecord = new_record(AcceptedEvent, (sequence, now, spec))
-        stream.retained.append(event)
-        events.append(event)
+        events.append(new_record(AcceptedEvent, (sequence, now, spec)))
+        stream.retained.append((ACCEPTED_KIND, sequence, now) + spec)  # noqa: RUF005
 
-        stop = self._match(order, book, now, events) if crosses else 0
+        if not crosses and is_limit and time_in_force not in _IOC_FOK:
+            # Rests untouched (GTC, GTD, POST_ONLY): BookSide.rest, the user index, the digest.
+            own = book.bids if is_buy else book.asks
+            level = own.levels.get(price)
+            if level is None:
+                own.rest(order)
+            else:
+                level.orders.append(order)
+                level.live_count += 1
+            by_user = self.user_orders.get(user_id)
+            if by_user is None:
+                self.user_orders[user_id] = {order_id: order}
+            else:
+                by_user[order_id] = order
+            if time_in_force == GTD:
+                self.expiries.push(order)
+            # state_digest.order_digest(order): only status and remaining are non-zero.
+            value = (key_digest + _OPEN_STATUS_DIGEST + quantity * M_REMAINING) & MASK
+            value = ((value ^ (value >> 32)) * FINISH) & MASK
+            digest = value ^ (value >> 29)
+            order.digest = digest
+            self.digest_sum = (self.digest_sum + digest) & MASK
+            return new_record(
+                CommandResult,
+                (
+                    command.correlation_id,
+                    False,
+                    new_record(OrderView, (spec, OPEN, 0, quantity, 0, 0, 0)),
+                    0,
+                    False,
+                ),
+            )
+
+        stop = self._match(order, book, contra, now, events) if crosses else 0
         if order.status <= LAST_LIVE:
             if stop:
                 self._close(order, CANCELLED, stop, now, events)
-            elif spec.order_type != LIMIT or time_in_force in (IOC, FOK):
+            elif not is_limit or time_in_force in _IOC_FOK:
                 self._close(order, CANCELLED, IOC_REMAINDER, now, events)
             else:
                 (book.bids if is_buy else book.asks).rest(order)
-                by_user = self.user_orders.get(order.user_id)
+                by_user = self.user_orders.get(user_id)
                 if by_user is None:
-                    self.user_orders[order.user_id] = {order.order_id: order}
+                    self.user_orders[user_id] = {order_id: order}
                 else:
-                    by_user[order.order_id] = order
+                    by_user[order_id] = order
                 if time_in_force == GTD:
                     self.expiries.push(order)
         else:
@@ -297,16 +471,21 @@ class MatcherEngine:
         return False
 
     def _match(
-        self, taker: OrderRecord, book: SymbolBook, now: int, events: list[EventRecord]
+        self,
+        taker: OrderRecord,
+        book: SymbolBook,
+        contra: BookSide,
+        now: int,
+        events: list[EventRecord],
     ) -> int:
-        """Trade the taker against `contra`; return the cancel reason that stopped it, or 0.
+        """Trade the taker against `contra` (its opposite side); return what stopped it, or 0.
 
         0 means the taker is filled, or no resting order is left within its limit
         price (or, for a market buy, its budget): the caller rests or cancels it.
         """
         spec = taker.spec
-        is_buy = taker.side == BUY
-        contra = book.asks if is_buy else book.bids
+        contra_is_bid = contra.is_bid
+        is_buy = not contra_is_bid
         settings = book.settings
         tick_size = settings.tick_size
         maker_fee_ppm = settings.maker_fee_ppm
@@ -323,11 +502,9 @@ class MatcherEngine:
         taker_stream = taker.stream
         keys = contra.keys
         levels = contra.levels
-        contra_is_bid = contra.is_bid
         dedup_finished = self.dedup.finished
         user_orders = self.user_orders
-        retained_append = events.append
-        rehash = self._rehash
+        emit = events.append
         while keys:
             key = keys[-1]
             price = key if contra_is_bid else -key
@@ -351,7 +528,7 @@ class MatcherEngine:
                         del levels[price]
                     self._retire(maker, CANCELLED, now)
                     self._emit_cancelled(maker, SELF_TRADE, now, events)
-                    rehash(maker)
+                    self._rehash(maker)
                     if stp == CANCEL_BOTH:
                         return SELF_TRADE
                     if not level.live_count:
@@ -375,31 +552,50 @@ class MatcherEngine:
                 taker_fee = notional * taker_fee_ppm // PPM
 
                 maker_remaining -= quantity
+                maker_filled = maker.filled_lots + quantity
+                maker_notional = maker.filled_notional + notional
+                maker_fees = maker.fees_paid + maker_fee
                 maker.remaining_lots = maker_remaining
-                maker.filled_lots += quantity
-                maker.filled_notional += notional
-                maker.fees_paid += maker_fee
+                maker.filled_lots = maker_filled
+                maker.filled_notional = maker_notional
+                maker.fees_paid = maker_fees
                 stream = maker.stream
                 sequence = stream.next_sequence
                 stream.next_sequence = sequence + 1
-                event: EventRecord = new_record(
-                    FillEvent,
-                    (
-                        sequence,
-                        now,
-                        maker.spec,
-                        trade_id,
-                        price,
-                        quantity,
-                        notional,
-                        maker_fee,
-                        True,
-                        maker_remaining,
-                        not maker_remaining,
-                    ),
+                maker_spec = maker.spec
+                maker_done = not maker_remaining
+                emit(
+                    new_record(
+                        FillEvent,
+                        (
+                            sequence,
+                            now,
+                            maker_spec,
+                            trade_id,
+                            price,
+                            quantity,
+                            notional,
+                            maker_fee,
+                            True,
+                            maker_remaining,
+                            maker_done,
+                        ),
+                    )
                 )
-                stream.retained.append(event)
-                retained_append(event)
+                row = (
+                    FILL_KIND,
+                    sequence,
+                    now,
+                    trade_id,
+                    price,
+                    quantity,
+                    notional,
+                    maker_fee,
+                    True,
+                    maker_remaining,
+                    maker_done,
+                )
+                stream.retained.append(row + maker_spec)
 
                 taker.filled_lots += quantity
                 taker.filled_notional += notional
@@ -414,24 +610,39 @@ class MatcherEngine:
                 taker.status = FILLED if taker_done else PARTIALLY_FILLED
                 sequence = taker_stream.next_sequence
                 taker_stream.next_sequence = sequence + 1
-                event = new_record(
-                    FillEvent,
-                    (
-                        sequence,
-                        now,
-                        spec,
-                        trade_id,
-                        price,
-                        quantity,
-                        notional,
-                        taker_fee,
-                        False,
-                        taker.remaining_lots,
-                        taker_done,
-                    ),
+                taker_remaining = taker.remaining_lots
+                emit(
+                    new_record(
+                        FillEvent,
+                        (
+                            sequence,
+                            now,
+                            spec,
+                            trade_id,
+                            price,
+                            quantity,
+                            notional,
+                            taker_fee,
+                            False,
+                            taker_remaining,
+                            taker_done,
+                        ),
+                    )
                 )
-                taker_stream.retained.append(event)
-                retained_append(event)
+                row = (
+                    FILL_KIND,
+                    sequence,
+                    now,
+                    trade_id,
+                    price,
+                    quantity,
+                    notional,
+                    taker_fee,
+                    False,
+                    taker_remaining,
+                    taker_done,
+                )
+                taker_stream.retained.append(row + spec)
 
                 book.last_price_ticks = price
                 book.last_trade_id = trade_id
@@ -439,7 +650,20 @@ class MatcherEngine:
 
                 if maker_remaining:
                     maker.status = PARTIALLY_FILLED
-                    rehash(maker)
+                    # state_digest.order_digest(maker), inlined (end_time_ms is 0)
+                    value = (
+                        maker.key_digest
+                        + _PARTIAL_STATUS_DIGEST
+                        + maker_remaining * M_REMAINING
+                        + maker_filled * M_FILLED
+                        + maker_notional * M_NOTIONAL
+                        + maker_fees * M_FEES
+                        + maker.quote_spent * M_SPENT
+                    ) & MASK
+                    value = ((value ^ (value >> 32)) * FINISH) & MASK
+                    digest = value ^ (value >> 29)
+                    self.digest_sum = (self.digest_sum + digest - maker.digest) & MASK
+                    maker.digest = digest
                     # Only a market buy's budget stops short of a resting order.
                     return 0
                 maker.status = FILLED
@@ -452,7 +676,20 @@ class MatcherEngine:
                     del user_orders[maker.user_id]
                 if maker.spec.time_in_force == GTD:
                     self.expiries.note_finished()
-                rehash(maker)
+                # state_digest.order_digest(maker), inlined (remaining_lots is 0)
+                value = (
+                    maker.key_digest
+                    + _FILLED_STATUS_DIGEST
+                    + maker_filled * M_FILLED
+                    + maker_notional * M_NOTIONAL
+                    + maker_fees * M_FEES
+                    + maker.quote_spent * M_SPENT
+                    + now * M_END
+                ) & MASK
+                value = ((value ^ (value >> 32)) * FINISH) & MASK
+                digest = value ^ (value >> 29)
+                self.digest_sum = (self.digest_sum + digest - maker.digest) & MASK
+                maker.digest = digest
                 level.live_count -= 1
                 if not level.live_count:
                     keys.pop()
@@ -495,11 +732,10 @@ class MatcherEngine:
         stream = order.stream
         sequence = stream.next_sequence
         stream.next_sequence = sequence + 1
-        event = new_record(
-            CancelledEvent, (sequence, now, order.spec, reason, order.remaining_lots)
-        )
-        stream.retained.append(event)
-        events.append(event)
+        spec = order.spec
+        remaining = order.remaining_lots
+        events.append(new_record(CancelledEvent, (sequence, now, spec, reason, remaining)))
+        stream.retained.append((CANCELLED_KIND, sequence, now, reason, remaining) + spec)  # noqa: RUF005
 
     def _cancel_resting(
         self, order: OrderRecord, status: int, reason: int, now: int, events: list[EventRecord]
@@ -513,9 +749,11 @@ class MatcherEngine:
             stream = order.stream
             sequence = stream.next_sequence
             stream.next_sequence = sequence + 1
-            event: EventRecord = ExpiredEvent(sequence, now, order.spec, order.remaining_lots)
-            stream.retained.append(event)
+            spec = order.spec
+            remaining = order.remaining_lots
+            event: EventRecord = ExpiredEvent(sequence, now, spec, remaining)
             events.append(event)
+            stream.retained.append(retained_event(event))
         else:
             self._emit_cancelled(order, reason, now, events)
         self._rehash(order)
@@ -533,18 +771,62 @@ class MatcherEngine:
         sequence = stream.next_sequence
         stream.next_sequence = sequence + 1
         event = RejectedEvent(sequence, now, spec, reason)
-        stream.retained.append(event)
         events.append(event)
+        stream.retained.append(retained_event(event))
         self._rehash(order)
         return CommandResult(correlation_id, False, order.view(), reason, False)
 
     def _cancel(self, command: CancelCommand, now: int, events: list[EventRecord]) -> CommandResult:
-        order = self.dedup.orders.get(command.order_id)
-        if order is None or order.user_id != command.user_id:
-            return CommandResult(command.correlation_id, False, None, 0, True)
-        if order.status <= LAST_LIVE:
-            self._cancel_resting(order, CANCELLED, REQUESTED, now, events)
-        return new_record(CommandResult, (command.correlation_id, False, order.view(), 0, False))
+        correlation_id, order_id, user_id = command
+        order = self.dedup.orders.get(order_id)
+        if order is None or order.user_id != user_id:
+            return new_record(CommandResult, (correlation_id, False, None, 0, True))
+        if order.status > LAST_LIVE:
+            return new_record(CommandResult, (correlation_id, False, order.view(), 0, False))
+        # _cancel_resting(order, CANCELLED, REQUESTED, ...), inlined. `_retire`: a live
+        # record is OPEN or PARTIALLY_FILLED, both of which may move to CANCELLED.
+        order.status = CANCELLED
+        order.end_time_ms = now
+        self.dedup.finished.append(order)
+        user_orders = self.user_orders
+        by_user = user_orders.get(user_id)
+        if by_user is None or by_user.pop(order_id, None) is not order:
+            raise MatcherInvariantError(f"resting order {order_id} is not indexed")
+        if not by_user:
+            del user_orders[user_id]
+        spec = order.spec
+        if spec.time_in_force == GTD:
+            self.expiries.note_finished()
+        book = self.books[spec.symbol]
+        (book.bids if order.side == BUY else book.asks).withdraw(order)
+        # _emit_cancelled(order, REQUESTED, ...)
+        stream = order.stream
+        sequence = stream.next_sequence
+        stream.next_sequence = sequence + 1
+        remaining = order.remaining_lots
+        events.append(new_record(CancelledEvent, (sequence, now, spec, REQUESTED, remaining)))
+        stream.retained.append((CANCELLED_KIND, sequence, now, REQUESTED, remaining) + spec)  # noqa: RUF005
+        # _rehash(order): state_digest.order_digest, inlined
+        filled = order.filled_lots
+        notional = order.filled_notional
+        fees = order.fees_paid
+        spent = order.quote_spent
+        value = (
+            order.key_digest
+            + _CANCELLED_STATUS_DIGEST
+            + remaining * M_REMAINING
+            + filled * M_FILLED
+            + notional * M_NOTIONAL
+            + fees * M_FEES
+            + spent * M_SPENT
+            + now * M_END
+        ) & MASK
+        value = ((value ^ (value >> 32)) * FINISH) & MASK
+        digest = value ^ (value >> 29)
+        self.digest_sum = (self.digest_sum + digest - order.digest) & MASK
+        order.digest = digest
+        view = new_record(OrderView, (spec, CANCELLED, filled, remaining, notional, fees, spent))
+        return new_record(CommandResult, (correlation_id, False, view, 0, False))
 
     def _halt(self, command: HaltCommand, now: int, events: list[EventRecord]) -> CommandResult:
         book = self.books.get(command.symbol)

@@ -13,6 +13,10 @@ import re
 MAX_ORDER_ID_LENGTH = 128
 _SHARD_NAME = re.compile(r"[A-Za-z0-9._-]+")
 UINT64_MAX = (1 << 64) - 1
+# A bounded memo of shard names already checked against `_SHARD_NAME`, each held by one
+# string object: it changes nothing but speed (no regex per order, one hash per name).
+_SHARD_NAMES: dict[str, str] = {}
+_MAX_SHARD_NAMES = 4096
 
 
 def parse_order_id(order_id: str, user_id: int) -> tuple[str, int] | None:
@@ -23,8 +27,15 @@ def parse_order_id(order_id: str, user_id: int) -> tuple[str, int] | None:
     if len(parts) != 3:
         return None
     oms_shard, user_text, sequence_text = parts
-    if user_id <= 0 or _SHARD_NAME.fullmatch(oms_shard) is None:
+    if user_id <= 0:
         return None
+    known = _SHARD_NAMES.get(oms_shard)
+    if known is None:
+        if _SHARD_NAME.fullmatch(oms_shard) is None:
+            return None
+        if len(_SHARD_NAMES) < _MAX_SHARD_NAMES:
+            _SHARD_NAMES[oms_shard] = oms_shard
+        known = oms_shard
     if user_text != str(user_id):
         return None
     if not sequence_text.isdigit() or sequence_text[0] == "0":
@@ -32,7 +43,7 @@ def parse_order_id(order_id: str, user_id: int) -> tuple[str, int] | None:
     user_seq = int(sequence_text)
     if user_seq > UINT64_MAX:
         return None
-    return oms_shard, user_seq
+    return known, user_seq
 
 
 def format_order_id(oms_shard: str, user_id: int, user_seq: int) -> str:

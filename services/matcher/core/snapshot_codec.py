@@ -30,12 +30,8 @@ from services.matcher.core.event_log import (
     EXPIRED,
     FILL,
     REJECTED,
-    AcceptedEvent,
-    CancelledEvent,
-    EventRecord,
-    ExpiredEvent,
-    FillEvent,
-    RejectedEvent,
+    SPEC_FIELDS,
+    RetainedEvent,
     ShardStream,
 )
 from services.matcher.core.orders import (
@@ -46,9 +42,22 @@ from services.matcher.core.orders import (
     ORDER_TRANSITIONS,
     OrderRecord,
     OrderSpec,
+    new_record,
 )
 from services.matcher.core.settings import SymbolSettings, check_symbols
-from services.matcher.core.state_digest import MASK, order_digest, text_digest
+from services.matcher.core.state_digest import (
+    M_END,
+    M_FEES,
+    M_FILLED,
+    M_NOTIONAL,
+    M_REMAINING,
+    M_SPENT,
+    M_STATUS,
+    MASK,
+    finish,
+    static_digest,
+    text_digest,
+)
 
 if TYPE_CHECKING:
     from services.matcher.core.engine import MatcherEngine
@@ -69,6 +78,8 @@ _REJECTED = struct.Struct("<i")
 _FILL = struct.Struct("<QqqqqBqB")
 _CANCELLED = struct.Struct("<iq")
 _EXPIRED = struct.Struct("<q")
+_new_order = object.__new__
+_SPEC_OMS_SHARD = OrderSpec._fields.index("oms_shard")
 
 
 # --- writing ----------------------------------------------------------------------------
@@ -127,31 +138,47 @@ def write_snapshot(engine: MatcherEngine) -> bytes:
         raise SnapshotFormatError("the dedup index and its sweep queue disagree")
     streams = sorted(engine.streams.items())
 
-    spec_index: dict[OrderSpec, int] = {}
+    # Keyed by the spec's fields: an OrderSpec and a retained row's plain spec tuple are equal.
+    spec_index: dict[tuple[Any, ...], int] = {}
     for order in live:
         spec_index.setdefault(order.spec, len(spec_index))
     for order in finished:
         spec_index.setdefault(order.spec, len(spec_index))
     for _, stream in streams:
-        for event in stream.retained:
-            spec_index.setdefault(event.spec, len(spec_index))
+        for row in stream.retained:
+            spec_index.setdefault(row[-SPEC_FIELDS:], len(spec_index))
     writer.count(len(spec_index))
     for spec in spec_index:
-        writer.text(spec.order_id)
-        writer.text(spec.symbol)
-        writer.text(spec.oms_shard)
+        (
+            order_id,
+            user_id,
+            symbol,
+            side,
+            order_type,
+            time_in_force,
+            price_ticks,
+            quantity_lots,
+            quote_amount,
+            expire_at_ms,
+            self_trade_prevention,
+            oms_shard,
+            user_seq,
+        ) = spec
+        writer.text(order_id)
+        writer.text(symbol)
+        writer.text(oms_shard)
         parts.append(
             _SPEC.pack(
-                spec.user_id,
-                spec.user_seq,
-                spec.side,
-                spec.order_type,
-                spec.time_in_force,
-                spec.price_ticks,
-                spec.quantity_lots,
-                spec.quote_amount,
-                spec.expire_at_ms,
-                spec.self_trade_prevention,
+                user_id,
+                user_seq,
+                side,
+                order_type,
+                time_in_force,
+                price_ticks,
+                quantity_lots,
+                quote_amount,
+                expire_at_ms,
+                self_trade_prevention,
             )
         )
 
@@ -177,8 +204,8 @@ def write_snapshot(engine: MatcherEngine) -> bytes:
     for oms_shard, stream in streams:
         writer.text(oms_shard)
         parts.append(_STREAM.pack(stream.next_sequence, len(stream.retained)))
-        for event in stream.retained:
-            _write_event(parts, event, spec_index[event.spec])
+        for row in stream.retained:
+            _write_event(parts, row, spec_index[row[-SPEC_FIELDS:]])
     return b"".join(parts)
 
 
@@ -186,32 +213,21 @@ def _arrival(order: OrderRecord) -> int:
     return order.arrival
 
 
-def _write_event(parts: list[bytes], event: EventRecord, spec_number: int) -> None:
-    if isinstance(event, FillEvent):
-        parts.append(_EVENT.pack(FILL, event.sequence, event.consensus_time_ms, spec_number))
-        parts.append(
-            _FILL.pack(
-                event.trade_id,
-                event.price_ticks,
-                event.quantity_lots,
-                event.notional,
-                event.fee,
-                event.maker,
-                event.remaining_lots,
-                event.order_done,
-            )
-        )
-    elif isinstance(event, AcceptedEvent):
-        parts.append(_EVENT.pack(ACCEPTED, event.sequence, event.consensus_time_ms, spec_number))
-    elif isinstance(event, CancelledEvent):
-        parts.append(_EVENT.pack(CANCELLED, event.sequence, event.consensus_time_ms, spec_number))
-        parts.append(_CANCELLED.pack(event.reason, event.remaining_lots))
-    elif isinstance(event, RejectedEvent):
-        parts.append(_EVENT.pack(REJECTED, event.sequence, event.consensus_time_ms, spec_number))
-        parts.append(_REJECTED.pack(event.reason))
-    else:
-        parts.append(_EVENT.pack(EXPIRED, event.sequence, event.consensus_time_ms, spec_number))
-        parts.append(_EXPIRED.pack(event.remaining_lots))
+def _write_event(parts: list[bytes], row: RetainedEvent, spec_number: int) -> None:
+    kind = row[0]
+    parts.append(_EVENT.pack(kind, row[1], row[2], spec_number))
+    if kind == FILL:
+        trade_id, price, quantity, notional, fee, maker, remaining, done = row[3:-SPEC_FIELDS]
+        parts.append(_FILL.pack(trade_id, price, quantity, notional, fee, maker, remaining, done))
+    elif kind == CANCELLED:
+        reason, remaining = row[3:-SPEC_FIELDS]
+        parts.append(_CANCELLED.pack(reason, remaining))
+    elif kind == REJECTED:
+        parts.append(_REJECTED.pack(row[3]))
+    elif kind == EXPIRED:
+        parts.append(_EXPIRED.pack(row[3]))
+    elif kind != ACCEPTED:
+        raise SnapshotFormatError(f"unknown retained event kind {kind}")
 
 
 # --- reading ----------------------------------------------------------------------------
@@ -261,7 +277,7 @@ class _Image:
     specs: list[OrderSpec]
     live: list[tuple[int, ...]]
     finished: list[tuple[int, ...]]
-    streams: list[tuple[str, int, list[EventRecord]]]
+    streams: list[tuple[str, int, list[RetainedEvent]]]
 
 
 def restore_snapshot(engine: MatcherEngine, data: bytes) -> None:
@@ -298,30 +314,7 @@ def _read_image(data: bytes) -> _Image:
 
     kill_switched = [row[0] for row in reader.rows(_USER)]
 
-    specs = []
-    for _ in range(reader.count()):
-        order_id, symbol, oms_shard = reader.text(), reader.text(), reader.text()
-        (user_id, user_seq, side, order_type, tif, price, quantity, quote, expire, stp) = (
-            reader.unpack(_SPEC)
-        )
-        specs.append(
-            OrderSpec(
-                order_id,
-                user_id,
-                symbol,
-                side,
-                order_type,
-                tif,
-                price,
-                quantity,
-                quote,
-                expire,
-                stp,
-                oms_shard,
-                user_seq,
-            )
-        )
-
+    specs = _read_specs(reader)
     live = reader.rows(_ORDER)
     finished = reader.rows(_ORDER)
 
@@ -329,7 +322,7 @@ def _read_image(data: bytes) -> _Image:
     for _ in range(reader.count()):
         oms_shard = reader.text()
         next_sequence, retained = reader.unpack(_STREAM)
-        events = [_read_event(reader, specs) for _ in range(retained)]
+        events = _read_events(reader, specs, retained)
         streams.append((oms_shard, next_sequence, events))
     if reader.offset != len(data):
         raise SnapshotFormatError("trailing bytes after the matcher snapshot")
@@ -338,34 +331,120 @@ def _read_image(data: bytes) -> _Image:
     )
 
 
-def _read_event(reader: _Reader, specs: list[OrderSpec]) -> EventRecord:
-    kind, sequence, time_ms, spec_number = reader.unpack(_EVENT)
-    spec = specs[spec_number]
-    if kind == FILL:
-        trade_id, price, quantity, notional, fee, maker, remaining, done = reader.unpack(_FILL)
-        return FillEvent(
-            sequence,
-            time_ms,
-            spec,
-            trade_id,
-            price,
-            quantity,
-            notional,
-            fee,
-            bool(maker),
-            remaining,
-            bool(done),
+def _read_specs(reader: _Reader) -> list[OrderSpec]:
+    """The spec table: `reader.text()` x3 and `reader.unpack(_SPEC)` per spec, inlined."""
+    data = reader.data
+    size = len(data)
+    offset = reader.offset
+    count_at = _COUNT.unpack_from
+    spec_at = _SPEC.unpack_from
+    spec_size = _SPEC.size
+    names: dict[bytes, str] = {}  # symbols and shard names repeat: decode each once
+    (count,) = count_at(data, offset)
+    offset += _COUNT.size
+    specs: list[OrderSpec] = []
+    append = specs.append
+    for _ in range(count):
+        (length,) = count_at(data, offset)
+        offset += 4
+        end = offset + length
+        if end > size:
+            raise SnapshotFormatError("text runs past the end of the snapshot")
+        order_id = data[offset:end].decode()
+        (length,) = count_at(data, end)
+        offset = end + 4
+        end = offset + length
+        if end > size:
+            raise SnapshotFormatError("text runs past the end of the snapshot")
+        raw = data[offset:end]
+        symbol = names.get(raw)
+        if symbol is None:
+            symbol = names[raw] = raw.decode()
+        (length,) = count_at(data, end)
+        offset = end + 4
+        end = offset + length
+        if end > size:
+            raise SnapshotFormatError("text runs past the end of the snapshot")
+        raw = data[offset:end]
+        oms_shard = names.get(raw)
+        if oms_shard is None:
+            oms_shard = names[raw] = raw.decode()
+        (user_id, user_seq, side, order_type, tif, price, quantity, quote, expire, stp) = spec_at(
+            data, end
         )
-    if kind == ACCEPTED:
-        return AcceptedEvent(sequence, time_ms, spec)
-    if kind == CANCELLED:
-        reason, remaining = reader.unpack(_CANCELLED)
-        return CancelledEvent(sequence, time_ms, spec, reason, remaining)
-    if kind == REJECTED:
-        return RejectedEvent(sequence, time_ms, spec, reader.unpack(_REJECTED)[0])
-    if kind == EXPIRED:
-        return ExpiredEvent(sequence, time_ms, spec, reader.unpack(_EXPIRED)[0])
-    raise SnapshotFormatError(f"unknown event kind {kind}")
+        offset = end + spec_size
+        append(
+            new_record(
+                OrderSpec,
+                (
+                    order_id,
+                    user_id,
+                    symbol,
+                    side,
+                    order_type,
+                    tif,
+                    price,
+                    quantity,
+                    quote,
+                    expire,
+                    stp,
+                    oms_shard,
+                    user_seq,
+                ),
+            )
+        )
+    reader.offset = offset
+    return specs
+
+
+def _read_events(reader: _Reader, specs: list[OrderSpec], count: int) -> list[RetainedEvent]:
+    """`count` retained events as rows: `reader.unpack` per event, inlined."""
+    data = reader.data
+    offset = reader.offset
+    event_at = _EVENT.unpack_from
+    event_size = _EVENT.size
+    fill_at = _FILL.unpack_from
+    cancelled_at = _CANCELLED.unpack_from
+    rejected_at = _REJECTED.unpack_from
+    expired_at = _EXPIRED.unpack_from
+    rows: list[RetainedEvent] = []
+    append = rows.append
+    for _ in range(count):
+        kind, sequence, time_ms, spec_number = event_at(data, offset)
+        offset += event_size
+        spec = specs[spec_number]
+        if kind == FILL:
+            trade_id, price, quantity, notional, fee, maker, remaining, done = fill_at(data, offset)
+            offset += _FILL.size
+            row: RetainedEvent = (
+                FILL,
+                sequence,
+                time_ms,
+                trade_id,
+                price,
+                quantity,
+                notional,
+                fee,
+                bool(maker),
+                remaining,
+                bool(done),
+            )
+        elif kind == ACCEPTED:
+            row = (ACCEPTED, sequence, time_ms)
+        elif kind == CANCELLED:
+            row = (CANCELLED, sequence, time_ms, *cancelled_at(data, offset))
+            offset += _CANCELLED.size
+        elif kind == REJECTED:
+            row = (REJECTED, sequence, time_ms, *rejected_at(data, offset))
+            offset += _REJECTED.size
+        elif kind == EXPIRED:
+            row = (EXPIRED, sequence, time_ms, *expired_at(data, offset))
+            offset += _EXPIRED.size
+        else:
+            raise SnapshotFormatError(f"unknown event kind {kind}")
+        append(row + spec)
+    reader.offset = offset
+    return rows
 
 
 def _install(engine: MatcherEngine, image: _Image) -> None:
@@ -389,34 +468,43 @@ def _install(engine: MatcherEngine, image: _Image) -> None:
         stream = ShardStream(oms_shard, retained, text_digest(oms_shard))
         stream.next_sequence = next_sequence
         first = next_sequence - len(events)
-        for offset, event in enumerate(events):
-            if event.sequence != first + offset or event.spec.oms_shard != oms_shard:
+        for offset, row in enumerate(events):
+            if row[1] != first + offset or row[_SPEC_OMS_SHARD - SPEC_FIELDS] != oms_shard:
                 raise SnapshotFormatError(f"events of shard {oms_shard!r} are not contiguous")
         if first < 1:
             raise SnapshotFormatError(f"shard {oms_shard!r} has events before sequence 1")
         stream.retained.extend(events)
         engine.streams[oms_shard] = stream
 
+    books = engine.books
+    user_orders = engine.user_orders
+    expiries = engine.expiries
     previous_arrival = 0
-    for fields in image.live:
-        order = _order(engine, image.specs, fields)
+    last_arrival = image.last_arrival
+    live = _orders(engine, image.specs, image.live)
+    for order in live:
         if not OPEN <= order.status <= LAST_LIVE or order.end_time_ms:
             raise SnapshotFormatError(f"live order {order.order_id} has a finished state")
-        if not previous_arrival < order.arrival <= image.last_arrival:
+        arrival = order.arrival
+        if not previous_arrival < arrival <= last_arrival:
             raise SnapshotFormatError(f"live order {order.order_id} is out of arrival order")
-        previous_arrival = order.arrival
-        book = engine.books.get(order.spec.symbol)
+        previous_arrival = arrival
+        spec = order.spec
+        book = books.get(spec.symbol)
         if book is None or order.remaining_lots <= 0:
             raise SnapshotFormatError(f"live order {order.order_id} cannot rest")
         (book.bids if order.side == BUY else book.asks).rest(order)
-        engine.user_orders.setdefault(order.user_id, {})[order.order_id] = order
-        if order.spec.time_in_force == GTD:
-            engine.expiries.push(order)
+        by_user = user_orders.get(order.user_id)
+        if by_user is None:
+            user_orders[order.user_id] = {order.order_id: order}
+        else:
+            by_user[order.order_id] = order
+        if spec.time_in_force == GTD:
+            expiries.push(order)
 
     previous_end = 0
     finished: deque[OrderRecord] = engine.dedup.finished
-    for fields in image.finished:
-        order = _order(engine, image.specs, fields)
+    for order in _orders(engine, image.specs, image.finished):
         if order.status <= LAST_LIVE or ORDER_TRANSITIONS.get(order.status) != frozenset():
             raise SnapshotFormatError(f"finished order {order.order_id} has status {order.status}")
         if order.end_time_ms < previous_end:
@@ -426,28 +514,62 @@ def _install(engine: MatcherEngine, image: _Image) -> None:
 
     digest_sum = 0
     for order in engine.dedup.orders.values():
-        order.digest = order_digest(order)
         digest_sum += order.digest
     engine.digest_sum = digest_sum & MASK
 
 
-def _order(engine: MatcherEngine, specs: list[OrderSpec], fields: tuple[int, ...]) -> OrderRecord:
-    (number, status, filled, remaining, notional, fees, spent, end_ms, arrival, reason) = fields
-    spec = specs[number]
-    stream = engine.streams.get(spec.oms_shard)
-    if stream is None or not spec.user_seq:
-        raise SnapshotFormatError(f"order {spec.order_id} names no known OMS shard")
-    order = OrderRecord(
-        spec, stream, arrival, engine.order_key_digest(spec, stream, arrival, reason)
-    )
-    order.status = status
-    order.filled_lots = filled
-    order.remaining_lots = remaining
-    order.filled_notional = notional
-    order.fees_paid = fees
-    order.quote_spent = spent
-    order.end_time_ms = end_ms
-    order.reject_reason = reason
-    if engine.dedup.orders.setdefault(spec.order_id, order) is not order:
-        raise SnapshotFormatError(f"order id {spec.order_id} appears twice")
-    return order
+def _orders(
+    engine: MatcherEngine, specs: list[OrderSpec], rows: list[tuple[int, ...]]
+) -> list[OrderRecord]:
+    """Records for snapshot rows, with their digests, entered in the dedup index."""
+    streams = engine.streams
+    dedup_orders = engine.dedup.orders
+    symbol_digests = {symbol: book.digest for symbol, book in engine.books.items()}
+    orders = []
+    for number, status, filled, remaining, notional, fees, spent, end_ms, arrival, reason in rows:
+        spec = specs[number]
+        order_id = spec.order_id
+        stream = streams.get(spec.oms_shard)
+        if stream is None or not spec.user_seq:
+            raise SnapshotFormatError(f"order {order_id} names no known OMS shard")
+        symbol_digest = symbol_digests.get(spec.symbol)
+        if symbol_digest is None:
+            symbol_digest = text_digest(spec.symbol)
+        # OrderRecord(spec, stream, arrival, MatcherEngine.order_key_digest(...)), then
+        # its restored fields.
+        key_digest = static_digest(spec, stream.digest, symbol_digest, arrival, reason)
+        order = _new_order(OrderRecord)
+        order.spec = spec
+        order.order_id = order_id
+        order.user_id = spec.user_id
+        order.side = spec.side
+        order.price_ticks = spec.price_ticks
+        order.stream = stream
+        order.arrival = arrival
+        order.key_digest = key_digest
+        order.status = status
+        order.filled_lots = filled
+        order.remaining_lots = remaining
+        order.filled_notional = notional
+        order.fees_paid = fees
+        order.quote_spent = spent
+        order.end_time_ms = end_ms
+        order.reject_reason = reason
+        # state_digest.order_digest(order), inlined
+        order.digest = finish(
+            (
+                key_digest
+                + status * M_STATUS
+                + remaining * M_REMAINING
+                + filled * M_FILLED
+                + notional * M_NOTIONAL
+                + fees * M_FEES
+                + spent * M_SPENT
+                + end_ms * M_END
+            )
+            & MASK
+        )
+        if dedup_orders.setdefault(order_id, order) is not order:
+            raise SnapshotFormatError(f"order id {order_id} appears twice")
+        orders.append(order)
+    return orders

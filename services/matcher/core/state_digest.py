@@ -17,7 +17,9 @@ import hashlib
 from services.matcher.core.orders import OrderRecord, OrderSpec
 
 MASK = (1 << 64) - 1
-_S0, _S1, _S2, _S3, _S4, _S5, _S6, _S7, _S8 = (
+# Weights of the static form (S_*) and of the mutable fields (M_*). The engine's hot
+# paths inline `static_digest` and `order_digest` with these; keep them in step.
+S_USER, S_SEQ, S_PRICE, S_QUANTITY, S_QUOTE, S_EXPIRE, S_FLAGS, S_ARRIVAL, S_REASON = (
     0x7A3B5C1D,
     0x5F4E3D2B,
     0x6C8B9A71,
@@ -28,7 +30,7 @@ _S0, _S1, _S2, _S3, _S4, _S5, _S6, _S7, _S8 = (
     0x51627385,
     0x6D7E8F91,
 )
-_M0, _M1, _M2, _M3, _M4, _M5, _M6 = (
+M_STATUS, M_REMAINING, M_FILLED, M_NOTIONAL, M_FEES, M_SPENT, M_END = (
     0x19283747,
     0x56473829,
     0x6B1C2D3F,
@@ -37,7 +39,7 @@ _M0, _M1, _M2, _M3, _M4, _M5, _M6 = (
     0x7E6D5C4B,
     0x2B3C4D5F,
 )
-_FINISH = 0x589965CC75374CC3
+FINISH = 0x589965CC75374CC3
 
 
 def text_digest(text: str) -> int:
@@ -51,34 +53,39 @@ def static_digest(
     return (
         shard_digest
         + symbol_digest
-        + spec.user_id * _S0
-        + spec.user_seq * _S1
-        + spec.price_ticks * _S2
-        + spec.quantity_lots * _S3
-        + spec.quote_amount * _S4
-        + spec.expire_at_ms * _S5
+        + spec.user_id * S_USER
+        + spec.user_seq * S_SEQ
+        + spec.price_ticks * S_PRICE
+        + spec.quantity_lots * S_QUANTITY
+        + spec.quote_amount * S_QUOTE
+        + spec.expire_at_ms * S_EXPIRE
         + (
             spec.side
             + (spec.order_type << 8)
             + (spec.time_in_force << 16)
             + (spec.self_trade_prevention << 24)
         )
-        * _S6
-        + arrival * _S7
-        + reject_reason * _S8
+        * S_FLAGS
+        + arrival * S_ARRIVAL
+        + reject_reason * S_REASON
     ) & MASK
 
 
 def order_digest(order: OrderRecord) -> int:
     value = (
         order.key_digest
-        + order.status * _M0
-        + order.remaining_lots * _M1
-        + order.filled_lots * _M2
-        + order.filled_notional * _M3
-        + order.fees_paid * _M4
-        + order.quote_spent * _M5
-        + order.end_time_ms * _M6
+        + order.status * M_STATUS
+        + order.remaining_lots * M_REMAINING
+        + order.filled_lots * M_FILLED
+        + order.filled_notional * M_NOTIONAL
+        + order.fees_paid * M_FEES
+        + order.quote_spent * M_SPENT
+        + order.end_time_ms * M_END
     ) & MASK
-    value = ((value ^ (value >> 32)) * _FINISH) & MASK
+    return finish(value)
+
+
+def finish(value: int) -> int:
+    """The nonlinear finish of a record's linear form (`value` already masked to 64 bits)."""
+    value = ((value ^ (value >> 32)) * FINISH) & MASK
     return value ^ (value >> 29)
