@@ -1,51 +1,24 @@
-"""A real `oms shard` subprocess for tests: start, wait for SERVING, kill -9, restart, reap.
-
-The approach of `tests/matcher_service/matcher_process.py`: every incarnation runs
-`python -m services.command_line shard` on the same data folder and loopback port,
-its output appended to one log file, so a failure shows the whole history. Waiting
-is always polling against a deadline; stopping always reaps the child.
-"""
+"""A real `oms shard` subprocess for tests (see tests/service_process.py)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tests.service_process import ServiceProcess, ServiceProcessError, aio_channel
 
-from services.infra.ports import LOOPBACK, free_port
-
-ROOT = Path(__file__).resolve().parents[2]
 SERVICE_NAME = "oms.v1.UserShard"
 SHARD_ID = "s1"
-START_TIMEOUT_S = 30.0
-EXIT_TIMEOUT_S = 10.0
-POLL_INTERVAL_S = 0.05
-# A restarted server on the same port is found again quickly, and every channel gets
-# its own connection instead of the process-wide one backing off from a dead server.
-CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.use_local_subchannel_pool", 1),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 300),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-)
+ShardProcessError = ServiceProcessError
+
+__all__ = ["SERVICE_NAME", "SHARD_ID", "ShardProcess", "ShardProcessError", "aio_channel"]
 
 
-class ShardProcessError(AssertionError):
-    """The shard did not start, did not stop, or exited when it should not have."""
-
-
-class ShardProcess:
+class ShardProcess(ServiceProcess):
     """One user shard served by a child process; restartable on the same data and port."""
+
+    subcommand = "shard"
+    service_name = SERVICE_NAME
 
     def __init__(
         self,
@@ -55,133 +28,8 @@ class ShardProcess:
         port: int | None = None,
         environment: Mapping[str, str] | None = None,
     ) -> None:
-        self.data_dir = data_dir
+        super().__init__(data_dir, port=port, environment=environment)
         self.shard_id = shard_id
-        self.port = port or free_port()
-        self.log_path = data_dir.parent / f"{data_dir.name}.log"
-        self.environment = dict(environment or {})
-        self.process: subprocess.Popen[bytes] | None = None
-        self.incarnations = 0
 
-    @property
-    def address(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def start(self) -> None:
-        if self.running():
-            raise ShardProcessError("the shard still runs")
-        environment = {**os.environ, **self.environment, "PYTHONPATH": str(ROOT)}
-        command = [
-            sys.executable,
-            "-m",
-            "services.command_line",
-            "shard",
-            "--shard-id",
-            self.shard_id,
-            "--listen",
-            self.address,
-            "--data-dir",
-            str(self.data_dir),
-        ]
-        self.incarnations += 1
-        with self.log_path.open("ab") as log:
-            log.write(f"--- incarnation {self.incarnations}: {' '.join(command)}\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                command, cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT
-            )
-
-    def health(self, timeout_s: float = 1.0) -> int:
-        """The health status of the shard service (raises grpc.RpcError if unreachable)."""
-        with grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS) as channel:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout_s
-            )
-            return int(response.status)
-
-    def wait_serving(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.process is None or self.process.poll() is not None:
-                code = None if self.process is None else self.process.returncode
-                raise ShardProcessError(
-                    f"shard exited with {code} while starting\n{self.log_tail()}"
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ShardProcessError(
-                    f"shard not SERVING within {timeout_s:g} s\n{self.log_tail()}"
-                )
-            try:
-                if self.health(min(1.0, remaining)) == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass  # not listening yet
-            time.sleep(POLL_INTERVAL_S)
-
-    def start_serving(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        self.start()
-        try:
-            self.wait_serving(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-
-    def kill(self) -> None:
-        """SIGKILL the current incarnation (a crash) and reap it."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            raise ShardProcessError("no running shard to kill")
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(EXIT_TIMEOUT_S)
-
-    def terminate(self, timeout_s: float = EXIT_TIMEOUT_S) -> int:
-        """SIGTERM and return the exit code; fail if it takes over `timeout_s`."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            raise ShardProcessError("no running shard to terminate")
-        process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while process.poll() is None:
-            if time.monotonic() >= deadline:
-                self.stop()
-                raise ShardProcessError(
-                    f"shard still ran {timeout_s:g} s after SIGTERM\n{self.log_tail()}"
-                )
-            time.sleep(POLL_INTERVAL_S)
-        return process.returncode
-
-    def stop(self) -> None:
-        """Kill if still running, and reap: safe any time, any number of times."""
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            process.kill()
-        process.wait(EXIT_TIMEOUT_S)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no shard log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def __enter__(self) -> ShardProcess:
-        self.start_serving()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-def aio_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def service_arguments(self) -> list[str]:
+        return ["--shard-id", self.shard_id]
