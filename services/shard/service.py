@@ -10,7 +10,8 @@
 - GetInFlight: the bridge's work queue (every saga in flight) at a durable position.
 - PublishMarks: ticks into the conflating mailbox; a loop logs one MarkPrices
   command per `mark_interval_ms` with the newest price of each symbol.
-- GetActor / GetStatus: operator queries, answered once applied == durable.
+- GetActor / GetStatus / ListUsers: operator and reconciler queries, answered once
+  applied == durable.
 A monitor loop raises a saturation alert (log event and counter) whenever the
 longest queue dwell of the last second passes `saturation_dwell_ms`.
 """
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import heapq
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -30,6 +32,7 @@ from protos.oms.v1 import shard_pb2
 from services.runtime.egress_feed import EgressWindowExceededError
 from services.runtime.hosting import HostPlan, RuntimeHost
 from services.shard.actor_view import actor_view
+from services.shard.core.actor import UserActor
 from services.shard.core.codec import egress_to_protobufs
 from services.shard.core.egress import ShardResult
 from services.shard.core.shard_machine import ShardMachine
@@ -40,6 +43,7 @@ log = structlog.get_logger(__name__)
 SERVICE_NAME = "oms.v1.UserShard"
 EGRESS_PER_MESSAGE = 2_000
 FINALS_GRACE_S = 30.0
+MAX_USER_PAGE = 10_000
 Egress = Any  # the union of core egress records
 
 
@@ -192,7 +196,20 @@ class ShardServicer:
         snapshot = shard_pb2.InFlightSnapshot(as_of_position=position)
         for item in self.machine.in_flight_egress():
             snapshot.items.extend(egress_to_protobufs(item, position, time_ms))
+        for group, sequence in self.machine.state.sequences.items():
+            snapshot.matcher_sequences[group] = sequence
         return snapshot
+
+    async def list_users(
+        self, request: shard_pb2.UserPageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> shard_pb2.UserPage:
+        await self._wait_durable()
+        limit = min(max(request.limit, 1), MAX_USER_PAGE)
+        page = resident_user_page(
+            self.machine.state.actors, request.after_user_id, limit, request.with_orders_only
+        )
+        following = page[-1] if len(page) == limit else 0
+        return shard_pb2.UserPage(user_ids=page, next_after_user_id=following)
 
     # --- marks ----------------------------------------------------------------------------
 
@@ -246,6 +263,18 @@ class ShardServicer:
         )
         for name, value in statistics.counters:
             status.counters[name] = value
+        books = self.machine.state.accounts
+        for asset, resident in books.resident.items():
+            status.accounts.add(
+                asset=asset,
+                resident=resident,
+                clearing=books.clearing[asset],
+                fees=books.fees[asset],
+                deposits=books.deposits[asset],
+                withdrawals=books.withdrawals[asset],
+                hydrated_in=books.hydrated_in[asset],
+                dehydrated_out=books.dehydrated_out[asset],
+            )
         status.counters["saturation_alerts"] = self.saturation_alerts
         mailbox = self.marks.statistics()
         status.counters["ticks_received"] = mailbox.received
@@ -315,6 +344,11 @@ class ShardServicer:
                 request_deserializer=shard_pb2.ShardStatusRequest.FromString,
                 response_serializer=shard_pb2.ShardStatus.SerializeToString,
             ),
+            "ListUsers": unary(
+                self.list_users,
+                request_deserializer=shard_pb2.UserPageRequest.FromString,
+                response_serializer=shard_pb2.UserPage.SerializeToString,
+            ),
         }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
@@ -335,6 +369,22 @@ def _correlation_ids(payload: bytes) -> frozenset[int]:
     except (DecodeError, ValueError):
         return frozenset((0,))
     return frozenset((0, *(command.correlation_id for command in commands)))
+
+
+def resident_user_page(
+    actors: Mapping[int, UserActor], after_user_id: int, limit: int, with_orders_only: bool
+) -> list[int]:
+    """The `limit` smallest resident user ids above `after_user_id`.
+
+    One pass with a bounded heap: O(resident users) per page, run on the loop; the
+    reconciler asks for a page every few seconds, so this stays far from the hot path.
+    """
+    candidates = (
+        user_id
+        for user_id, actor in actors.items()
+        if user_id > after_user_id and (not with_orders_only or actor.orders)
+    )
+    return heapq.nsmallest(limit, candidates)
 
 
 def _counter(counters: tuple[tuple[str, int], ...], name: str) -> int:

@@ -1,0 +1,24 @@
+"""gRPC channels between mesh services: one place for their options.
+
+A restarted peer on the same address is found again within ~0.3 s instead of
+gRPC's default reconnect backoff (1 s, growing to 2 min), and every channel gets
+its own connection rather than a process-wide one still backing off.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 300),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+)
+
+
+def mesh_channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)

@@ -1,0 +1,125 @@
+"""One batched Execute stream to a user shard, shared by every caller in a process.
+
+`execute(command)` returns the command's final `ShardResult`: commands queued
+during one loop turn leave in one `ShardCommandBatch`, results are matched by
+correlation id, and a `parked` answer (hydration, DB dedup lookup) is kept
+waiting for the final one on the same stream. `send(commands)` is for the mesh's
+own commands (hydrations, flush answers, matcher events), which get no result.
+
+Correlation ids are unique per link (a random 32-bit prefix per stream
+incarnation), because the shard routes late finals by correlation id across
+streams. When the stream breaks every waiting caller gets `ShardUnavailableError`;
+the caller retries with the same client order id and the shard's dedup returns
+the original result, so a retry never doubles an order. The link reconnects on
+the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import secrets
+from collections.abc import AsyncIterator, Iterable
+
+import grpc
+
+from protos.oms.v1 import shard_pb2
+from services.clients.channels import mesh_channel
+
+EXECUTE_METHOD = "/oms.v1.UserShard/Execute"
+MAX_COMMANDS_PER_BATCH = 1_000
+MAX_QUEUED_COMMANDS = 50_000  # callers beyond this wait: backpressure, never a drop
+
+
+class ShardUnavailableError(ConnectionError):
+    """The stream to the shard broke; retry with the same ids."""
+
+
+class ShardLink:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel: grpc.aio.Channel | None = None
+        self._queue: asyncio.Queue[shard_pb2.ShardCommand] = asyncio.Queue(MAX_QUEUED_COMMANDS)
+        self._waiting: dict[int, asyncio.Future[shard_pb2.ShardResult]] = {}
+        self._stream_task: asyncio.Task[None] | None = None
+        self._ids = itertools.count(1)
+        self._prefix = 0
+        self.sent_batches = 0
+        self.sent_commands = 0
+
+    async def execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
+        """Send one client command and wait for its final result."""
+        self._ensure_stream()
+        correlation_id = self._prefix | next(self._ids)
+        command.correlation_id = correlation_id
+        future: asyncio.Future[shard_pb2.ShardResult] = asyncio.get_running_loop().create_future()
+        self._waiting[correlation_id] = future
+        try:
+            await self._queue.put(command)
+            return await future
+        finally:
+            self._waiting.pop(correlation_id, None)
+
+    async def send(self, commands: Iterable[shard_pb2.ShardCommand]) -> None:
+        """Queue mesh commands (no result expected) on the stream."""
+        self._ensure_stream()
+        for command in commands:
+            command.correlation_id = 0
+            await self._queue.put(command)
+
+    async def close(self) -> None:
+        if self._stream_task is not None:
+            self._stream_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ShardUnavailableError):
+                await self._stream_task
+            self._stream_task = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    # --- the stream ------------------------------------------------------------------
+
+    def _ensure_stream(self) -> None:
+        if self._stream_task is None or self._stream_task.done():
+            self._prefix = secrets.randbits(31) << 32
+            self._ids = itertools.count(1)
+            self._stream_task = asyncio.create_task(self._run_stream())
+
+    async def _run_stream(self) -> None:
+        if self._channel is None:
+            self._channel = mesh_channel(self.address)
+        call = self._channel.stream_stream(
+            EXECUTE_METHOD,
+            request_serializer=None,
+            response_deserializer=shard_pb2.ShardResultBatch.FromString,
+        )(self._batches())
+        try:
+            async for batch in call:
+                for result in batch.results:
+                    future = self._waiting.get(result.correlation_id)
+                    if future is None or future.done() or result.parked:
+                        continue
+                    future.set_result(result)
+            error: BaseException = ShardUnavailableError(f"shard {self.address} closed the stream")
+        except grpc.aio.AioRpcError as rpc_error:
+            error = ShardUnavailableError(f"shard {self.address}: {rpc_error.code().name}")
+        finally:
+            call.cancel()
+        self._fail_waiting(error)
+
+    async def _batches(self) -> AsyncIterator[bytes]:
+        queue = self._queue
+        while True:
+            batch = shard_pb2.ShardCommandBatch()
+            batch.commands.append(await queue.get())
+            while not queue.empty() and len(batch.commands) < MAX_COMMANDS_PER_BATCH:
+                batch.commands.append(queue.get_nowait())
+            self.sent_batches += 1
+            self.sent_commands += len(batch.commands)
+            yield batch.SerializeToString()
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(error)

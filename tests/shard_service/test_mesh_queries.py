@@ -1,0 +1,78 @@
+"""The queries the mesh's own services make: ListUsers, matcher sequences, the books,
+and the shared `ShardLink` client that the gateway, persister and bridge use."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from protos.oms.v1 import shard_pb2
+from services.clients.shard_link import ShardLink
+from tests.shard_service.shard_client import (
+    USDT,
+    ShardClient,
+    accepted_event,
+    deposit,
+    hydrate,
+    limit_order,
+    matcher_events,
+)
+from tests.shard_service.shard_process import ShardProcess, aio_channel
+
+PRICE = 6_500_000
+
+
+@pytest.fixture
+async def shard_process(new_shard: Callable[..., ShardProcess]) -> AsyncIterator[ShardProcess]:
+    process = new_shard()
+    process.start_serving()
+    yield process
+
+
+async def test_list_users_pages_in_id_order_and_filters_by_orders(
+    shard_process: ShardProcess,
+) -> None:
+    async with aio_channel(shard_process.address) as channel:
+        shard = ShardClient(channel)
+        for user_id in (30, 10, 20, 40):
+            await shard.run(hydrate(user_id), deposit(user_id, 10_000_000_000))
+        (placed,) = await shard.run(limit_order(20, "q-1", price_ticks=PRICE, quantity_lots=1))
+        assert placed.accepted
+        await shard.run(matcher_events([accepted_event(1, placed.order_id, 20)]))
+
+        first = await shard.stub.ListUsers(shard_pb2.UserPageRequest(limit=3))
+        assert list(first.user_ids) == [10, 20, 30] and first.next_after_user_id == 30
+        rest = await shard.stub.ListUsers(shard_pb2.UserPageRequest(after_user_id=30, limit=3))
+        assert list(rest.user_ids) == [40] and rest.next_after_user_id == 0
+        holders = await shard.stub.ListUsers(
+            shard_pb2.UserPageRequest(limit=10, with_orders_only=True)
+        )
+        assert list(holders.user_ids) == [20]
+
+        snapshot = await shard.in_flight()
+        assert dict(snapshot.matcher_sequences) == {"g1": 1}
+        status = await shard.status()
+        usdt = next(books for books in status.accounts if books.asset == USDT)
+        assert usdt.deposits == 4 * 10_000_000_000 and usdt.resident == usdt.deposits
+        assert usdt.clearing == usdt.fees == 0
+
+
+async def test_shard_link_batches_commands_and_returns_finals(
+    shard_process: ShardProcess,
+) -> None:
+    link = ShardLink(shard_process.address)
+    try:
+        await link.send([hydrate(5)])
+        funded = await link.execute(deposit(5, 10_000_000_000))
+        assert funded.accepted, funded
+        orders = [limit_order(5, f"l-{n}", price_ticks=PRICE, quantity_lots=1) for n in range(50)]
+        results = await asyncio.gather(*(link.execute(order) for order in orders))
+        assert all(result.accepted for result in results)
+        assert len({result.order_id for result in results}) == 50
+        assert link.sent_batches < link.sent_commands  # one loop turn, one batch
+        again = await link.execute(limit_order(5, "l-0", price_ticks=PRICE, quantity_lots=1))
+        assert again.duplicate and again.order_id == results[0].order_id
+    finally:
+        await link.close()
