@@ -1,0 +1,1 @@
+"""Serving the mesh's stateless services (gateway, persister, bridge, reconciler)."""

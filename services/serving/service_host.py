@@ -1,0 +1,125 @@
+"""One gRPC server with health, status and a structured lifecycle, for services without a log.
+
+`ServiceHost.run()` owns one TaskGroup: the server plus the service's own loops.
+Health is SERVING once the server listens; stopping (SIGTERM/SIGINT) turns it
+NOT_SERVING, stops accepting, drains for a grace period and cancels the loops.
+A loop that fails stops the service with its error (crash-only: the supervisor
+restarts it, and every consumer resumes from durable positions).
+
+`oms.v1.Status/GetStatus` answers with the counters the service's `statistics`
+callable returns, so tests and operators read the numbers the metrics read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from protos.oms.v1 import status_pb2
+from services.clients.channels import MAX_MESSAGE_BYTES
+
+log = structlog.get_logger(__name__)
+
+ServicerRegistration = Callable[[grpc.aio.Server], None]
+BackgroundLoop = Callable[[], Coroutine[Any, Any, None]]
+StatusSource = Callable[[], tuple[Mapping[str, int], Mapping[str, str]]]
+STATUS_SERVICE = "oms.v1.Status"
+
+
+@dataclass
+class ServicePlan:
+    """What a service brings: its name, gRPC servicers, loops and status counters."""
+
+    name: str
+    service_names: Sequence[str]
+    register: ServicerRegistration
+    status: StatusSource
+    loops: list[BackgroundLoop] = field(default_factory=list)
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
+
+
+class ServiceHost:
+    def __init__(self, listen_address: str, *, grace_s: float = 5.0) -> None:
+        self.listen_address = listen_address
+        self.grace_s = grace_s
+        self.health = HealthServicer()
+        self.bound_port = 0
+        self.ready = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signal_number in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signal_number, self.stop)
+
+    async def run(self, plan: ServicePlan) -> None:
+        server = grpc.aio.server(
+            interceptors=tuple(plan.interceptors),
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        plan.register(server)
+        _register_status(server, plan)
+        self.bound_port = server.add_insecure_port(self.listen_address)
+        if self.bound_port == 0:
+            raise OSError(f"cannot listen on {self.listen_address}")
+        await server.start()
+        names = ("", STATUS_SERVICE, *plan.service_names)
+        for name in names:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("service.serving", service=plan.name, address=self.listen_address)
+        self.ready.set()
+        try:
+            async with asyncio.TaskGroup() as group:
+                loops = [group.create_task(loop(), name=loop.__qualname__) for loop in plan.loops]
+                stop = group.create_task(self._stop.wait())
+                await asyncio.wait([stop, *loops], return_when=asyncio.FIRST_COMPLETED)
+                for name in names:
+                    await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+                await server.stop(self.grace_s)
+                for task in (stop, *loops):
+                    task.cancel()
+                for task in loops:
+                    if task.done() and not task.cancelled() and task.exception() is None:
+                        log.error("service.loop_returned", loop=task.get_name())
+        finally:
+            with contextlib.suppress(Exception):
+                await server.stop(0)
+            log.info("service.stopped", service=plan.name)
+
+
+def _register_status(server: grpc.aio.Server, plan: ServicePlan) -> None:
+    async def get_status(
+        request: status_pb2.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> status_pb2.StatusReport:
+        counters, info = plan.status()
+        report = status_pb2.StatusReport(service=plan.name)
+        for name, value in counters.items():
+            report.counters[name] = value
+        for name, text in info.items():
+            report.info[name] = text
+        return report
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        get_status,
+        request_deserializer=status_pb2.StatusRequest.FromString,
+        response_serializer=status_pb2.StatusReport.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(STATUS_SERVICE, {"GetStatus": handler}),)
+    )
