@@ -165,3 +165,32 @@ def test_statistics_are_a_frozen_record_the_service_can_export() -> None:
         pass
     else:
         raise AssertionError("statistics must be frozen")
+
+
+TRACE_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_a_sampled_order_carries_its_trace_parent_through_the_log_to_the_matcher() -> None:
+    driver = ShardDriver()
+    driver.run(driver.hydrate(1), driver.deposit(1, "USDT", 10**12))
+    traced = driver.place(1, "traced", price_ticks=100, quantity_lots=1)._replace(
+        trace_parent=TRACE_PARENT
+    )
+    egress = driver.run_bytes([traced])  # through ShardCommandBatch bytes, as logged
+    (submit,) = of_type(egress, SubmitToMatcher)
+    (message,) = egress_to_protobufs(submit, 1, 1)
+    assert message.submit.order.trace_parent == TRACE_PARENT
+    replica = ShardDriver()
+    replica.machine.restore(driver.machine.snapshot())
+    assert replica.machine.state_hash() == driver.machine.state_hash()
+
+
+def test_an_oversized_trace_parent_is_malformed_and_changes_nothing() -> None:
+    driver = ShardDriver()
+    driver.run(driver.hydrate(1), driver.deposit(1, "USDT", 10**12))
+    before = driver.machine.state_hash()
+    bloated = driver.place(1, "bloated")._replace(trace_parent="x" * 65)
+    egress = driver.run_bytes([bloated])
+    (result,) = of_type(egress, ShardResult)
+    assert not result.accepted and not of_type(egress, SubmitToMatcher)
+    assert driver.machine.state_hash() == before

@@ -54,6 +54,7 @@ from services.shard.core.user_state import PositionState, RecentResult, UserStat
 from services.shard.core.vocabulary import EventKind
 
 MAX_COMMANDS_PER_BATCH = 100_000
+MAX_TRACE_PARENT_CHARS = 64  # a W3C traceparent is 55
 
 _Side: TypeAlias = common_pb2.Side.ValueType
 _OrderType: TypeAlias = common_pb2.OrderType.ValueType
@@ -93,6 +94,8 @@ def decode_command(message: shard_pb2.ShardCommand) -> Command:
     correlation_id = message.correlation_id
     if which == "place":
         p = message.place
+        if len(p.trace_parent) > MAX_TRACE_PARENT_CHARS:
+            return MalformedCommand(correlation_id, "trace_parent longer than a traceparent")
         return _make_place(
             (
                 correlation_id,
@@ -108,6 +111,7 @@ def decode_command(message: shard_pb2.ShardCommand) -> Command:
                 p.expire_at_ms,
                 p.self_trade_prevention,
                 p.routing_epoch,
+                p.trace_parent,
             )
         )
     if which == "matcher_events":
@@ -317,6 +321,8 @@ def egress_to_protobuf(
         o.quote_amount = request.quote_amount
         o.expire_at_ms = request.expire_at_ms
         o.self_trade_prevention = _SelfTrade(request.self_trade_prevention)
+        if request.trace_parent:
+            o.trace_parent = request.trace_parent
     elif isinstance(item, CancelToMatcher):
         message.cancel.matcher_group = item.matcher_group
         message.cancel.order_id = item.order_id
@@ -414,6 +420,7 @@ def command_to_protobuf(command: Command) -> shard_pb2.ShardCommand:
         p.expire_at_ms = command.expire_at_ms
         p.self_trade_prevention = _SelfTrade(command.self_trade_prevention)
         p.routing_epoch = command.routing_epoch
+        p.trace_parent = command.trace_parent
     elif isinstance(command, CancelOrder):
         c = message.cancel
         c.user_id = command.user_id

@@ -31,6 +31,9 @@ class PlaceOrder(NamedTuple):
     expire_at_ms: int
     self_trade_prevention: int
     routing_epoch: int
+    # W3C traceparent of a sampled order: logged with it and handed to the matcher
+    # request, never decided on (replicas that ignore it apply identically).
+    trace_parent: str = ""
 
 
 class CancelOrder(NamedTuple):
