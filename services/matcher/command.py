@@ -14,6 +14,7 @@ from services.matcher.core.settings import EngineSettings, SymbolSettings
 from services.matcher.service import MatcherServicer
 from services.matcher.settings import MatcherServiceSettings
 from services.observability.logs import configure_logging
+from services.observability.tracing import configure_tracing
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.hosting import RuntimeHost
 from services.runtime.node import NodeSettings, RuntimeNode
@@ -86,5 +87,6 @@ def run(arguments: argparse.Namespace) -> int:
         },
     )
     configure_logging(f"matcher-{settings.group}", settings.log_level)
+    configure_tracing("oms-matcher")
     uvloop.run(serve(settings))
     return 0

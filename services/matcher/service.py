@@ -26,9 +26,11 @@ from protos.oms.v1 import matcher_pb2
 from services.matcher.core.errors import SequenceTooOldError
 from services.matcher.core.event_log import FillEvent
 from services.matcher.core.machine import MatcherEgress, MatcherMachine
+from services.observability.tracing import context_from_metadata, tracer
 from services.runtime.hosting import HostPlan, RuntimeHost
 
 log = structlog.get_logger(__name__)
+_tracer = tracer(__name__)
 SERVICE_NAME = "oms.v1.Matcher"
 EVENTS_PER_MESSAGE = 1000
 
@@ -98,6 +100,10 @@ class MatcherServicer:
             await window.put(None)
 
         reader = asyncio.create_task(read_ahead())
+        # A traced batch arrives on its own call carrying `traceparent` (the bridge opens one
+        # per sampled order): its span covers the call, from the batch in to its results out.
+        parent = context_from_metadata(context.invocation_metadata())
+        span = None if parent is None else _tracer.start_span("matcher.execute", context=parent)
         try:
             while True:
                 submitted = await window.get()
@@ -115,6 +121,8 @@ class MatcherServicer:
             await reader
         finally:
             reader.cancel()
+            if span is not None:
+                span.end()
 
     async def subscribe(
         self, request: matcher_pb2.SubscribeRequest, context: grpc.aio.ServicerContext[Any, Any]

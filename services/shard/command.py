@@ -10,6 +10,7 @@ import uvloop
 
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
+from services.observability.tracing import configure_tracing
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.hosting import RuntimeHost
 from services.runtime.node import NodeSettings, RuntimeNode
@@ -97,5 +98,6 @@ def run(arguments: argparse.Namespace) -> int:
         },
     )
     configure_logging(f"shard-{settings.shard_id}", settings.log_level)
+    configure_tracing("oms-shard")
     uvloop.run(serve(settings))
     return 0

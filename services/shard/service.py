@@ -29,17 +29,19 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from protos.oms.v1 import shard_pb2
+from services.observability.tracing import context_of, tracer
 from services.runtime.egress_feed import EgressWindowExceededError
 from services.runtime.hosting import HostPlan, RuntimeHost
 from services.shard.actor_view import actor_view
 from services.shard.core.actor import UserActor
 from services.shard.core.codec import egress_to_protobufs
-from services.shard.core.egress import ShardResult
+from services.shard.core.egress import ShardResult, SubmitToMatcher
 from services.shard.core.shard_machine import ShardMachine
 from services.shard.result_router import ResultRouter, Stamped
 from services.shard.tick_mailbox import TickMailbox
 
 log = structlog.get_logger(__name__)
+_tracer = tracer(__name__)
 SERVICE_NAME = "oms.v1.UserShard"
 EGRESS_PER_MESSAGE = 2_000
 FINALS_GRACE_S = 30.0
@@ -289,6 +291,8 @@ class ShardServicer:
             for position, item in record.items:
                 if isinstance(item, ShardResult):
                     self.router.route(item, position, record.consensus_time_ms)
+                elif isinstance(item, SubmitToMatcher) and item.request.trace_parent:
+                    _trace_admission(item, position, record.consensus_time_ms)
             async with self._durable:
                 self._durable.notify_all()
 
@@ -369,6 +373,21 @@ def _correlation_ids(payload: bytes) -> frozenset[int]:
     except (DecodeError, ValueError):
         return frozenset((0,))
     return frozenset((0, *(command.correlation_id for command in commands)))
+
+
+def _trace_admission(item: SubmitToMatcher, position: int, consensus_time_ms: int) -> None:
+    """A sampled order's span: from its entry's consensus time to its egress being durable."""
+    span = _tracer.start_span(
+        "shard.admit_order",
+        context=context_of(item.request.trace_parent),
+        start_time=consensus_time_ms * 1_000_000,
+        attributes={
+            "oms.order_id": item.order_id,
+            "oms.user_id": item.request.user_id,
+            "oms.log_position": position,
+        },
+    )
+    span.end()
 
 
 def resident_user_page(
