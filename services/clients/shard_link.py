@@ -47,6 +47,8 @@ class ShardLink:
         self._prefix = 0
         self.sent_batches = 0
         self.sent_commands = 0
+        self.breaks = 0  # streams that ended; mesh commands sent on them may be lost
+        self._broken = asyncio.Event()
 
     async def execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
         """Send one client command and wait for its final result."""
@@ -68,6 +70,15 @@ class ShardLink:
             command.correlation_id = 0
             await self._queue.put(command)
 
+    async def wait_broken(self) -> None:
+        """Return once the current stream has broken.
+
+        `send` cannot tell whether a mesh command reached the log before a break;
+        its owner waits here and then re-derives what to send from the shard's
+        durable state (the bridge from GetInFlight's matcher sequences).
+        """
+        await self._broken.wait()
+
     async def close(self) -> None:
         if self._stream_task is not None:
             self._stream_task.cancel()
@@ -84,6 +95,7 @@ class ShardLink:
         if self._stream_task is None or self._stream_task.done():
             self._prefix = secrets.randbits(31) << 32
             self._ids = itertools.count(1)
+            self._broken = asyncio.Event()
             self._stream_task = asyncio.create_task(self._run_stream())
 
     async def _run_stream(self) -> None:
@@ -106,6 +118,8 @@ class ShardLink:
             error = ShardUnavailableError(f"shard {self.address}: {rpc_error.code().name}")
         finally:
             call.cancel()
+            self.breaks += 1
+            self._broken.set()
         self._fail_waiting(error)
 
     async def _batches(self) -> AsyncIterator[bytes]:
