@@ -19,6 +19,8 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("matcher", "services.matcher.command"),
     ("shard", "services.shard.command"),
     ("bench", "services.bench.command"),
+    ("gateway", "gateway.command"),
+    ("bridge", "bridge.command"),
 )
 
 

@@ -1,0 +1,197 @@
+"""One matcher group's two streams: batched commands out, sequenced events back.
+
+A `MatcherLane` owns, per connection to its group: one `Matcher/Execute`
+stream that carries the group's work queue in `MatcherCommandBatch`es (all that
+is ready in one loop turn, capped), a reader of its results (counted, never
+trusted: the truth comes from events), and one `Subscribe` stream for this
+shard's events, delivered to the shard.
+
+Any break (matcher restart, stream error) closes the connection and the work
+queue; after a backoff the lane starts again from a fresh `GetInFlight`: it
+re-drives the group's sagas (the matcher dedups by order id) and subscribes
+from the shard's last applied sequence + 1. OUT_OF_RANGE from Subscribe means
+the matcher no longer retains that sequence: the lane logs it as an error,
+counts it and resumes from the oldest retained sequence; the events in between
+are lost to this shard until the reconciler heals their effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+
+import grpc
+import structlog
+
+from bridge.backoff import Backoff
+from bridge.event_delivery import EventDelivery
+from bridge.statistics import BridgeStatistics
+from bridge.work_queue import WorkQueue, matcher_command
+from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
+from services.clients.channels import mesh_channel
+
+log = structlog.get_logger(__name__)
+CONNECT_TIMEOUT_S = 5.0
+IN_FLIGHT_TIMEOUT_S = 30.0
+# The matcher names the oldest retained sequence only in the status details.
+_OLDEST_RETAINED = re.compile(r"oldest retained is (\d+)")
+
+
+class MatcherStreamEndedError(ConnectionError):
+    """A matcher stream ended without an error status (the matcher is stopping)."""
+
+
+def oldest_retained(details: str | None) -> int | None:
+    match = _OLDEST_RETAINED.search(details or "")
+    return int(match.group(1)) if match else None
+
+
+class MatcherLane:
+    def __init__(
+        self,
+        group: str,
+        address: str,
+        *,
+        shard_id: str,
+        queue_capacity: int,
+        max_batch_commands: int,
+        backoff: Backoff,
+        statistics: BridgeStatistics,
+    ) -> None:
+        self.group = group
+        self.address = address
+        self.shard_id = shard_id
+        self.queue = WorkQueue(group, queue_capacity)
+        self.max_batch_commands = max_batch_commands
+        self.backoff = backoff
+        self.statistics = statistics
+        statistics.connected[group] = False
+
+    async def prepare(self, snapshot: shard_pb2.InFlightSnapshot) -> None:
+        """Open the queue and put the group's in-flight sagas at its front."""
+        await self.queue.open()
+        commands = []
+        for item in snapshot.items:
+            routed = matcher_command(item)
+            if routed is not None and routed[0] == self.group:
+                commands.append(routed[1])
+        await self.queue.redrive(commands)
+        self.statistics.counters.redriven += len(commands)
+
+    async def run(
+        self,
+        shard: shard_pb2_grpc.UserShardStub,
+        delivery: EventDelivery,
+        first_sequence: int,
+    ) -> None:
+        """Serve the group until cancelled; `prepare` ran for the first connection."""
+        from_sequence: int | None = first_sequence
+        try:
+            while True:
+                try:
+                    if from_sequence is None:
+                        # Open before the snapshot: a fresh item is then either queued or
+                        # still in flight in the snapshot, never shed and missing from both.
+                        await self.queue.open()
+                        snapshot = await shard.GetInFlight(
+                            shard_pb2.InFlightRequest(), timeout=IN_FLIGHT_TIMEOUT_S
+                        )
+                        await self.prepare(snapshot)
+                        from_sequence = snapshot.matcher_sequences.get(self.group, 0) + 1
+                    await self._serve(delivery, from_sequence)
+                except* (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as failure:
+                    log.warning(
+                        "bridge.matcher_connection_lost",
+                        group=self.group,
+                        address=self.address,
+                        error=repr(failure.exceptions[0]),
+                    )
+                self.statistics.connected[self.group] = False
+                await self.queue.close()
+                self.statistics.counters.reconnects += 1
+                from_sequence = None
+                await self.backoff.wait()
+        finally:
+            self.statistics.connected[self.group] = False
+            await self.queue.close()
+
+    async def _serve(self, delivery: EventDelivery, from_sequence: int) -> None:
+        async with mesh_channel(self.address) as channel:
+            await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+            self.backoff.reset()
+            self.statistics.connected[self.group] = True
+            log.info("bridge.matcher_connected", group=self.group, from_sequence=from_sequence)
+            stub = matcher_pb2_grpc.MatcherStub(channel)
+            call = stub.Execute()
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(self._send_commands(call))
+                    tasks.create_task(self._read_results(call))
+                    tasks.create_task(self._follow_events(stub, delivery, from_sequence))
+            finally:
+                call.cancel()
+
+    async def _send_commands(self, call: grpc.aio.StreamStreamCall) -> None:
+        counters = self.statistics.counters
+        correlation_ids = itertools.count(1)
+        while True:
+            commands = await self.queue.take(self.max_batch_commands)
+            batch = matcher_pb2.MatcherCommandBatch()
+            submits = 0
+            for command in commands:
+                command.correlation_id = next(correlation_ids)
+                submits += command.HasField("submit")
+            batch.commands.extend(commands)
+            try:
+                await call.write(batch)
+            except asyncio.InvalidStateError as error:  # the call already finished
+                raise MatcherStreamEndedError(f"matcher {self.group} closed Execute") from error
+            counters.submits_forwarded += submits
+            counters.cancels_forwarded += len(commands) - submits
+
+    async def _read_results(self, call: grpc.aio.StreamStreamCall) -> None:
+        counters = self.statistics.counters
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                raise MatcherStreamEndedError(f"matcher {self.group} ended Execute")
+            for result in message.results:
+                counters.matcher_duplicates += result.duplicate
+                counters.cancels_not_found += result.not_found
+
+    async def _follow_events(
+        self, stub: matcher_pb2_grpc.MatcherStub, delivery: EventDelivery, from_sequence: int
+    ) -> None:
+        counters = self.statistics.counters
+        next_sequence = from_sequence
+        while True:
+            call = stub.Subscribe(
+                matcher_pb2.SubscribeRequest(oms_shard=self.shard_id, from_sequence=next_sequence)
+            )
+            try:
+                async for batch in call:
+                    if batch.events:
+                        await delivery.deliver(self.group, batch.events)
+                        next_sequence = batch.events[-1].sequence + 1
+            except grpc.aio.AioRpcError as error:
+                oldest = oldest_retained(error.details())
+                if error.code() != grpc.StatusCode.OUT_OF_RANGE or oldest is None:
+                    raise
+                if oldest <= next_sequence:
+                    raise  # not a gap we can explain: reconnect and start over
+                counters.sequence_out_of_range += 1
+                counters.events_skipped += oldest - next_sequence
+                log.error(
+                    "bridge.matcher_events_lost",
+                    group=self.group,
+                    wanted_sequence=next_sequence,
+                    oldest_retained=oldest,
+                    lost=oldest - next_sequence,
+                    healing="the reconciler closes what these events would have ended",
+                )
+                next_sequence = oldest
+                continue
+            finally:
+                call.cancel()
+            raise MatcherStreamEndedError(f"matcher {self.group} ended Subscribe")

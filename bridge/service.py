@@ -1,0 +1,127 @@
+"""The bridge: the matcher client of one user shard (DESIGN.md sections 5, 6, 6a).
+
+Its work queue is the shard's set of in-flight sagas. A session with the shard
+starts from `GetInFlight`: its items are re-driven to their matcher groups (the
+matcher dedups by order id, so a re-drive is safe), `as_of_position` is where
+the egress stream resumes for new submits and cancels, and `matcher_sequences`
+is where each group's event subscription resumes (last applied + 1). Events
+come back as `MatcherEvents` commands on a ShardLink; the shard drops repeated
+sequences, so delivering too much is safe, and the bridge never skips.
+
+Breaks: when the shard's stream breaks the whole session ends (events in flight
+on the old link may be lost) and, after a backoff, starts again from a new
+`GetInFlight`. A matcher break only restarts that group's lane (see
+`matcher_streams`), so one matcher's outage does not stop the others.
+
+Leadership: DESIGN.md runs the bridge leader-only under an etcd lease. In this
+issue there is exactly one bridge per shard and no lease: a second bridge would
+only duplicate submits (absorbed by the matcher's dedup) and events (dropped by
+the shard), never money, but it is not a supported deployment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import grpc
+import structlog
+
+from bridge.backoff import Backoff
+from bridge.event_delivery import EventDelivery
+from bridge.matcher_streams import CONNECT_TIMEOUT_S, IN_FLIGHT_TIMEOUT_S, MatcherLane
+from bridge.settings import BridgeSettings
+from bridge.shard_feed import follow_egress
+from bridge.statistics import BridgeStatistics
+from protos.oms.v1 import shard_pb2, shard_pb2_grpc
+from services.clients.channels import mesh_channel
+from services.clients.matcher_directory import MatcherDirectory
+from services.clients.shard_link import ShardLink
+from services.serving.service_host import ServicePlan
+
+log = structlog.get_logger(__name__)
+
+
+class BridgeService:
+    def __init__(self, settings: BridgeSettings, directory: MatcherDirectory) -> None:
+        self.settings = settings
+        self.statistics = BridgeStatistics()
+        self.backoff = Backoff(settings.backoff_initial_ms, settings.backoff_max_ms)
+        self.lanes: Mapping[str, MatcherLane] = {
+            group: MatcherLane(
+                group,
+                address,
+                shard_id=settings.shard_id,
+                queue_capacity=settings.queue_capacity,
+                max_batch_commands=settings.max_batch_commands,
+                backoff=Backoff(settings.backoff_initial_ms, settings.backoff_max_ms),
+                statistics=self.statistics,
+            )
+            for group, address in sorted(directory.addresses.items())
+        }
+
+    async def run(self) -> None:
+        """Shard sessions, one after another, until cancelled."""
+        while True:
+            try:
+                await self._session()
+            except* (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as failure:
+                log.warning(
+                    "bridge.shard_session_ended",
+                    shard=self.settings.shard_address,
+                    error=repr(failure.exceptions[0]),
+                )
+            self.statistics.counters.reconnects += 1
+            await self.backoff.wait()
+
+    async def _session(self) -> None:
+        link = ShardLink(self.settings.shard_address)
+        try:
+            async with mesh_channel(self.settings.shard_address) as channel:
+                await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+                shard = shard_pb2_grpc.UserShardStub(channel)
+                snapshot = await shard.GetInFlight(
+                    shard_pb2.InFlightRequest(), timeout=IN_FLIGHT_TIMEOUT_S
+                )
+                self.backoff.reset()
+                log.info(
+                    "bridge.session_started",
+                    as_of_position=snapshot.as_of_position,
+                    in_flight=len(snapshot.items),
+                    matcher_sequences=dict(snapshot.matcher_sequences),
+                )
+                self._count_unroutable(snapshot)
+                for lane in self.lanes.values():
+                    await lane.prepare(snapshot)
+                delivery = EventDelivery(link, self.statistics)
+                async with asyncio.TaskGroup() as tasks:
+                    for group, lane in self.lanes.items():
+                        first = snapshot.matcher_sequences.get(group, 0) + 1
+                        tasks.create_task(lane.run(shard, delivery, first))
+                    tasks.create_task(
+                        follow_egress(
+                            shard, snapshot.as_of_position + 1, self.lanes, self.statistics
+                        )
+                    )
+        finally:
+            await link.close()
+
+    def _count_unroutable(self, snapshot: shard_pb2.InFlightSnapshot) -> None:
+        for item in snapshot.items:
+            kind = item.WhichOneof("egress")
+            group = item.submit.matcher_group if kind == "submit" else item.cancel.matcher_group
+            if group not in self.lanes:
+                self.statistics.counters.unroutable += 1
+                log.error("bridge.unroutable", matcher_group=group, kind=kind)
+
+    def status(self) -> tuple[Mapping[str, int], Mapping[str, str]]:
+        return self.statistics.status(self.settings.shard_id, self.settings.shard_address)
+
+    def plan(self) -> ServicePlan:
+        return ServicePlan(
+            name="bridge",
+            service_names=(),
+            register=lambda server: None,
+            status=self.status,
+            loops=[self.run],
+        )

@@ -1,0 +1,40 @@
+"""Settings of one `oms bridge` process (the matcher client of one user shard)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.settings import setting
+
+
+@dataclass(frozen=True)
+class BridgeSettings:
+    shard_address: str = setting(
+        env="OMS_SHARD_ADDRESS", default="127.0.0.1:7201", help="host:port of the user shard"
+    )
+    listen: str = setting(
+        env="OMS_BRIDGE_LISTEN", default="127.0.0.1:7401", help="health and status"
+    )
+    shard_id: str = setting(env="OMS_SHARD_ID", default="s1", help="the shard's order id prefix")
+    matchers: str = setting(
+        env="OMS_MATCHERS",
+        default="g1=127.0.0.1:7101",
+        help="matcher group addresses: g1=host:port,g2=host:port",
+    )
+    markets_file: Path | None = setting(
+        env="OMS_MARKETS_FILE", default=None, help="market catalog (default: packaged)"
+    )
+    max_batch_commands: int = setting(
+        env="OMS_BRIDGE_MAX_BATCH",
+        default=1_000,
+        help="matcher commands per MatcherCommandBatch",
+    )
+    queue_capacity: int = setting(
+        env="OMS_BRIDGE_QUEUE_CAPACITY",
+        default=20_000,
+        help="fresh commands waiting per matcher group before the egress reader waits",
+    )
+    backoff_initial_ms: int = setting(env="OMS_BRIDGE_BACKOFF_INITIAL_MS", default=100)
+    backoff_max_ms: int = setting(env="OMS_BRIDGE_BACKOFF_MAX_MS", default=2_000)
+    log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
