@@ -20,6 +20,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("shard", "services.shard.command"),
     ("bench", "services.bench.command"),
     ("gateway", "gateway.command"),
+    ("client", "gateway.client_command"),
     ("bridge", "bridge.command"),
 )
 

@@ -1,0 +1,274 @@
+"""`oms client place|cancel|orders|balances|positions`: the public API from a terminal.
+
+The key signs every call: `--api-key/--api-secret/--user-id` or OMS_API_KEY,
+OMS_API_SECRET, OMS_USER_ID; the gateway is `--gateway` or OMS_GATEWAY_ADDRESS.
+Amounts are shown as the integers the system keeps (prices in ticks, quantities
+in lots, balances in the asset's minor units). Exit status: 0 done, 1 refused
+(by the gateway, or an order/cancel the shard did not accept), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.client import GatewayCallError, OmsClient
+from gateway.settings import ClientSettings
+from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
+from services.settings import SettingsError, load_settings
+
+SIDES = {"buy": common_pb2.SIDE_BUY, "sell": common_pb2.SIDE_SELL}
+ORDER_TYPES = {"limit": common_pb2.ORDER_TYPE_LIMIT, "market": common_pb2.ORDER_TYPE_MARKET}
+TIME_IN_FORCE = {
+    "gtc": common_pb2.TIME_IN_FORCE_GTC,
+    "ioc": common_pb2.TIME_IN_FORCE_IOC,
+    "fok": common_pb2.TIME_IN_FORCE_FOK,
+    "post_only": common_pb2.TIME_IN_FORCE_POST_ONLY,
+    "gtd": common_pb2.TIME_IN_FORCE_GTD,
+}
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "client", help="place, cancel and list orders through the gateway"
+    )
+    parser.add_argument("--gateway", default=None, help="host:port (env OMS_GATEWAY_ADDRESS)")
+    parser.add_argument("--user-id", type=int, default=None, dest="user_id", help="env OMS_USER_ID")
+    parser.add_argument("--api-key", default=None, dest="api_key", help="env OMS_API_KEY")
+    parser.add_argument("--api-secret", default=None, dest="api_secret", help="env OMS_API_SECRET")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    place = actions.add_parser("place", help="place one order")
+    place.add_argument("symbol", help="e.g. BTC-USDT")
+    place.add_argument("side", choices=sorted(SIDES))
+    place.add_argument(
+        "quantity_lots", type=int, nargs="?", default=0, help="lots (not for market buys)"
+    )
+    place.add_argument(
+        "--price", type=int, default=0, dest="price_ticks", help="limit price in ticks"
+    )
+    place.add_argument("--type", choices=sorted(ORDER_TYPES), default="limit", dest="order_type")
+    place.add_argument("--tif", choices=sorted(TIME_IN_FORCE), default=None, dest="time_in_force")
+    place.add_argument(
+        "--quote-amount", type=int, default=0, dest="quote_amount", help="market buy spend"
+    )
+    place.add_argument(
+        "--expire-at-ms", type=int, default=0, dest="expire_at_ms", help="for --tif gtd"
+    )
+    place.add_argument("--client-order-id", default=None, dest="client_order_id")
+    place.set_defaults(handler=run_place)
+
+    cancel = actions.add_parser("cancel", help="cancel one order")
+    which = cancel.add_mutually_exclusive_group(required=True)
+    which.add_argument("--order-id", default="", dest="order_id")
+    which.add_argument("--client-order-id", default="", dest="client_order_id")
+    cancel.set_defaults(handler=run_cancel)
+
+    orders = actions.add_parser("orders", help="list open orders")
+    orders.add_argument("--symbol", default="")
+    orders.set_defaults(handler=run_orders)
+
+    actions.add_parser("balances", help="list balances").set_defaults(handler=run_balances)
+    actions.add_parser("positions", help="list positions").set_defaults(handler=run_positions)
+
+
+def _client(arguments: argparse.Namespace) -> OmsClient:
+    settings = load_settings(
+        ClientSettings,
+        overrides={
+            "gateway_address": arguments.gateway,
+            "user_id": arguments.user_id,
+            "api_key": arguments.api_key,
+            "api_secret": arguments.api_secret,
+        },
+    )
+    if not (settings.user_id and settings.api_key and settings.api_secret):
+        raise SettingsError(
+            "a user id, API key and secret are needed: --user-id/--api-key/--api-secret "
+            "or OMS_USER_ID/OMS_API_KEY/OMS_API_SECRET"
+        )
+    return OmsClient(
+        settings.gateway_address,
+        user_id=settings.user_id,
+        api_key=settings.api_key,
+        api_secret=settings.api_secret,
+    )
+
+
+def _run(arguments: argparse.Namespace, action: Any) -> int:
+    async def call() -> int:
+        async with _client(arguments) as client:
+            result: int = await action(client)
+            return result
+
+    try:
+        return asyncio.run(call())
+    except SettingsError as error:
+        print(f"oms client: {error}", file=sys.stderr)
+        return 2
+    except GatewayCallError as error:
+        reason = error.reason.removeprefix("GATEWAY_ERROR_REASON_") or error.code.name
+        print(f"refused: {reason}: {error.detail}", file=sys.stderr)
+        return 1
+
+
+def _name(enum: Any, value: int, prefix: str) -> str:
+    try:
+        return str(enum.Name(value)).removeprefix(prefix)
+    except ValueError:
+        return str(value)
+
+
+def describe_ack(ack: gateway_pb2.OrderAck) -> str:
+    status = _name(common_pb2.OrderStatus, ack.status, "ORDER_STATUS_")
+    again = " (the original answer to an earlier request)" if ack.duplicate else ""
+    if ack.accepted:
+        return (
+            f"accepted {ack.order_id} (client id {ack.client_order_id}) {status}"
+            f" at log position {ack.stamp.position}{again}"
+        )
+    reason = _name(shard_pb2.ShardRejectReason, ack.reject_reason, "SHARD_REJECT_REASON_")
+    retry = "; retry later with the same client order id" if ack.retryable else ""
+    return f"rejected {ack.client_order_id}: {reason}{retry}{again}"
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [list(header), *[[str(cell) for cell in row] for row in rows]]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(header))]
+    lines = [
+        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
+        for row in cells
+    ]
+    return "\n".join(lines)
+
+
+def run_place(arguments: argparse.Namespace) -> int:
+    order_type = ORDER_TYPES[arguments.order_type]
+    if arguments.time_in_force is not None:
+        time_in_force = TIME_IN_FORCE[arguments.time_in_force]
+    elif order_type == common_pb2.ORDER_TYPE_MARKET:
+        time_in_force = common_pb2.TIME_IN_FORCE_IOC
+    else:
+        time_in_force = common_pb2.TIME_IN_FORCE_GTC
+    client_order_id = arguments.client_order_id or (
+        f"cli-{time.time_ns() // 1_000_000}-{secrets.token_hex(3)}"
+    )
+
+    async def action(client: OmsClient) -> int:
+        ack = await client.place(
+            client_order_id,
+            arguments.symbol,
+            SIDES[arguments.side],
+            order_type=order_type,
+            time_in_force=time_in_force,
+            price_ticks=arguments.price_ticks,
+            quantity_lots=arguments.quantity_lots,
+            quote_amount=arguments.quote_amount,
+            expire_at_ms=arguments.expire_at_ms,
+        )
+        print(describe_ack(ack))
+        return 0 if ack.accepted else 1
+
+    return _run(arguments, action)
+
+
+def run_cancel(arguments: argparse.Namespace) -> int:
+    async def action(client: OmsClient) -> int:
+        ack = await client.cancel(
+            order_id=arguments.order_id, client_order_id=arguments.client_order_id
+        )
+        if ack.accepted:
+            print(f"cancel of {ack.order_id} is on its way to the matcher")
+            return 0
+        reason = _name(shard_pb2.ShardRejectReason, ack.reject_reason, "SHARD_REJECT_REASON_")
+        print(f"cancel refused: {reason}")
+        return 1
+
+    return _run(arguments, action)
+
+
+def run_orders(arguments: argparse.Namespace) -> int:
+    async def action(client: OmsClient) -> int:
+        orders = await client.open_orders(arguments.symbol)
+        if not orders:
+            print("no open orders")
+            return 0
+        rows = [
+            (
+                order.order_id,
+                order.client_order_id,
+                order.symbol,
+                _name(common_pb2.Side, order.side, "SIDE_"),
+                _name(common_pb2.OrderType, order.order_type, "ORDER_TYPE_"),
+                order.price_ticks,
+                order.quantity_lots,
+                order.filled_lots,
+                order.remaining_lots,
+                _name(common_pb2.OrderStatus, order.status, "ORDER_STATUS_"),
+            )
+            for order in orders
+        ]
+        header = (
+            "order",
+            "client id",
+            "symbol",
+            "side",
+            "type",
+            "price",
+            "qty",
+            "filled",
+            "left",
+            "status",
+        )
+        print(format_table(header, rows))
+        return 0
+
+    return _run(arguments, action)
+
+
+def run_balances(arguments: argparse.Namespace) -> int:
+    async def action(client: OmsClient) -> int:
+        balances = await client.balances()
+        if not balances:
+            print("no balances")
+            return 0
+        rows = [
+            (asset, balance.total, balance.reserved, balance.total - balance.reserved)
+            for asset, balance in sorted(balances.items())
+        ]
+        print(format_table(("asset", "total", "reserved", "available"), rows))
+        print("(amounts in each asset's minor units)")
+        return 0
+
+    return _run(arguments, action)
+
+
+def run_positions(arguments: argparse.Namespace) -> int:
+    async def action(client: OmsClient) -> int:
+        answer = await client.positions()
+        if not answer.positions:
+            print("no positions")
+        else:
+            rows = [
+                (
+                    position.symbol,
+                    position.quantity_lots,
+                    position.cost_basis,
+                    position.realized_pnl,
+                    position.mark_price_ticks or "-",
+                    position.unrealized_pnl,
+                )
+                for position in answer.positions
+            ]
+            header = ("symbol", "lots", "cost", "realized", "mark", "unrealized")
+            print(format_table(header, rows))
+        if answer.reduce_only:
+            print("account is reduce-only")
+        return 0
+
+    return _run(arguments, action)

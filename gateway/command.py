@@ -1,0 +1,65 @@
+"""`oms gateway --listen HOST:PORT`: the public and admin API of the OMS."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from gateway.service import Gateway
+from gateway.settings import GatewaySettings
+from services.observability.logs import configure_logging
+from services.observability.tracing import configure_tracing
+from services.serving.service_host import ServiceHost
+from services.settings import load_settings
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "gateway", help="run the gateway (public order API and admin API over gRPC)"
+    )
+    parser.add_argument("--listen", default=None, help="host:port (env OMS_GATEWAY_LISTEN)")
+    parser.add_argument(
+        "--shard-address", default=None, dest="shard_address", help="env OMS_SHARD_ADDRESS"
+    )
+    parser.add_argument(
+        "--persister-address",
+        default=None,
+        dest="persister_address",
+        help="env OMS_PERSISTER_ADDRESS",
+    )
+    parser.add_argument("--matchers", default=None, help="group=host:port,... (env OMS_MATCHERS)")
+    parser.add_argument("--markets-file", type=Path, default=None, dest="markets_file")
+    # Accepted so every service takes the same flags (as the bridge does); the gateway keeps
+    # no state of its own, so the folder is not used.
+    parser.add_argument("--data-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.set_defaults(handler=run)
+
+
+async def serve(settings: GatewaySettings) -> None:
+    host = ServiceHost(settings.listen)
+    host.install_signal_handlers()
+    gateway = Gateway(settings)
+    try:
+        await host.run(gateway.plan())
+    finally:
+        await gateway.close()
+
+
+def run(arguments: argparse.Namespace) -> int:
+    settings = load_settings(
+        GatewaySettings,
+        overrides={
+            "listen": arguments.listen,
+            "shard_address": arguments.shard_address,
+            "persister_address": arguments.persister_address,
+            "matchers": arguments.matchers,
+            "markets_file": arguments.markets_file,
+        },
+    )
+    configure_logging("gateway", settings.log_level)
+    configure_tracing("oms-gateway")
+    uvloop.run(serve(settings))
+    return 0

@@ -1,0 +1,161 @@
+"""`oms.v1.OrderGateway`: place, cancel, queries, order updates and the Trade stream.
+
+Every call arrives authenticated and authorized (`GatewayInterceptor`), so the
+handlers validate, route and translate only. Orders and cancels travel to the
+shard through the process's one shared `ShardLink`; a refusal by the shard is
+an `OrderAck`/`CancelAck` with its reason, not an RPC error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from gateway.account_queries import AccountQueries
+from gateway.acks import cancel_ack, cancel_command, order_ack, place_command
+from gateway.authentication import caller
+from gateway.order_updates import OrderUpdateFanout
+from gateway.routing import ShardRouter
+from gateway.statistics import GatewayCounters
+from gateway.trade_stream import TradeSession
+from gateway.validation import RequestValidator
+from protos.oms.v1 import gateway_pb2, shard_pb2
+from services.observability.tracing import trace_parent_of, tracer
+
+SERVICE_NAME = "oms.v1.OrderGateway"
+_tracer = tracer(__name__)
+Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
+
+
+class OrderService:
+    def __init__(
+        self,
+        *,
+        validator: RequestValidator,
+        router: ShardRouter,
+        queries: AccountQueries,
+        order_updates: OrderUpdateFanout,
+        counters: GatewayCounters,
+        trade_in_flight: int,
+    ) -> None:
+        self.validator = validator
+        self.router = router
+        self.queries = queries
+        self.order_updates = order_updates
+        self.counters = counters
+        self.trade_in_flight = trade_in_flight
+
+    # --- orders (shared by the unary calls and the Trade stream) ---------------------------
+
+    async def place(self, request: gateway_pb2.PlaceOrderRequest) -> gateway_pb2.OrderAck:
+        # A sampled order's trace continues in the shard's log and on to the matcher.
+        with _tracer.start_as_current_span("gateway.place_order") as span:
+            command = place_command(request)
+            command.place.trace_parent = trace_parent_of(span)
+            result = await self.router.execute(request.user_id, command)
+        ack = order_ack(request.client_order_id, result)
+        self.counters.add("orders_accepted" if ack.accepted else "orders_refused")
+        return ack
+
+    async def cancel(self, request: gateway_pb2.CancelOrderRequest) -> gateway_pb2.CancelAck:
+        result = await self.router.execute(request.user_id, cancel_command(request))
+        return cancel_ack(result)
+
+    def check_trade_request(self, request: gateway_pb2.TradeRequest) -> None:
+        if request.HasField("place"):
+            self.validator.place(request.place)
+        else:
+            self.validator.order_reference(request.cancel.order_id, request.cancel.client_order_id)
+
+    # --- handlers -------------------------------------------------------------------------
+
+    async def place_order(
+        self, request: gateway_pb2.PlaceOrderRequest, context: Context
+    ) -> gateway_pb2.OrderAck:
+        self.validator.place(request)
+        return await self.place(request)
+
+    async def cancel_order(
+        self, request: gateway_pb2.CancelOrderRequest, context: Context
+    ) -> gateway_pb2.CancelAck:
+        self.validator.order_reference(request.order_id, request.client_order_id)
+        return await self.cancel(request)
+
+    async def get_order(
+        self, request: gateway_pb2.GetOrderRequest, context: Context
+    ) -> gateway_pb2.OrderView:
+        self.validator.order_reference(request.order_id, request.client_order_id)
+        return await self.queries.order(request)
+
+    async def get_open_orders(
+        self, request: gateway_pb2.GetOpenOrdersRequest, context: Context
+    ) -> gateway_pb2.OpenOrders:
+        self.validator.symbol_filter(request.symbol)
+        return await self.queries.open_orders(request)
+
+    async def get_balances(
+        self, request: gateway_pb2.GetBalancesRequest, context: Context
+    ) -> gateway_pb2.Balances:
+        return await self.queries.balances(request)
+
+    async def get_positions(
+        self, request: gateway_pb2.GetPositionsRequest, context: Context
+    ) -> gateway_pb2.Positions:
+        return await self.queries.positions(request)
+
+    async def stream_order_updates(
+        self, request: gateway_pb2.StreamOrderUpdatesRequest, context: Context
+    ) -> AsyncIterator[shard_pb2.OrderUpdate]:
+        async for update in self.order_updates.stream(request.user_id, context):
+            yield update
+
+    async def trade(
+        self, requests: AsyncIterator[gateway_pb2.TradeRequestBatch], context: Context
+    ) -> AsyncIterator[gateway_pb2.TradeResponseBatch]:
+        session = TradeSession(
+            caller.get(),
+            check=self.check_trade_request,
+            place=self.place,
+            cancel=self.cancel,
+            counters=self.counters,
+            max_in_flight=self.trade_in_flight,
+        )
+        async for batch in session.run(requests):
+            yield batch
+
+    # --- wiring ---------------------------------------------------------------------------
+
+    def register(self, server: grpc.aio.Server) -> None:
+        g = gateway_pb2
+        unary = grpc.unary_unary_rpc_method_handler
+
+        def call(handler: Any, request: Any, response: Any) -> Any:
+            return unary(
+                handler,
+                request_deserializer=request.FromString,
+                response_serializer=response.SerializeToString,
+            )
+
+        handlers = {
+            "PlaceOrder": call(self.place_order, g.PlaceOrderRequest, g.OrderAck),
+            "CancelOrder": call(self.cancel_order, g.CancelOrderRequest, g.CancelAck),
+            "GetOrder": call(self.get_order, g.GetOrderRequest, g.OrderView),
+            "GetOpenOrders": call(self.get_open_orders, g.GetOpenOrdersRequest, g.OpenOrders),
+            "GetBalances": call(self.get_balances, g.GetBalancesRequest, g.Balances),
+            "GetPositions": call(self.get_positions, g.GetPositionsRequest, g.Positions),
+            "StreamOrderUpdates": grpc.unary_stream_rpc_method_handler(
+                self.stream_order_updates,
+                request_deserializer=g.StreamOrderUpdatesRequest.FromString,
+                response_serializer=shard_pb2.OrderUpdate.SerializeToString,
+            ),
+            "Trade": grpc.stream_stream_rpc_method_handler(
+                self.trade,
+                request_deserializer=g.TradeRequestBatch.FromString,
+                response_serializer=g.TradeResponseBatch.SerializeToString,
+            ),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )

@@ -1,0 +1,173 @@
+"""Order updates: one shared egress subscription, fanned out to each user's streams.
+
+The gateway process follows the shard's durable egress once, filtered to
+`order_update`, from the shard's applied position when it started, and hands
+each update to the queues of that user's subscribers only. A queue is bounded:
+a subscriber that falls `capacity` updates behind is disconnected with
+RESOURCE_EXHAUSTED (it reconnects and reads its open orders) instead of making
+the shared feed wait. When the feed breaks it resumes from the position it
+stopped at, skipping what it already delivered there; if the shard no longer
+retains that position, updates were lost, so every subscriber is disconnected
+with UNAVAILABLE and the feed restarts from the shard's current position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+
+from gateway.errors import GatewayError, slow_consumer, unavailable
+from gateway.routing import ShardEndpoint
+from gateway.statistics import GatewayCounters
+from protos.oms.v1 import shard_pb2
+
+log = structlog.get_logger(__name__)
+RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0)
+READY_TIMEOUT_S = 10.0
+
+
+class OrderUpdateSubscriber:
+    def __init__(self, user_id: int, capacity: int) -> None:
+        self.user_id = user_id
+        self.capacity = capacity
+        self.updates: deque[shard_pb2.OrderUpdate] = deque()
+        self.changed = asyncio.Event()
+        self.ended: GatewayError | None = None
+
+    def offer(self, update: shard_pb2.OrderUpdate) -> bool:
+        """Queue one update; False when the subscriber is full (and now ended)."""
+        if len(self.updates) >= self.capacity:
+            self.end(slow_consumer(f"more than {self.capacity} order updates not yet read"))
+            return False
+        self.updates.append(update)
+        self.changed.set()
+        return True
+
+    def end(self, error: GatewayError) -> None:
+        if self.ended is None:
+            self.ended = error
+        self.changed.set()
+
+
+class OrderUpdateFanout:
+    def __init__(self, shard: ShardEndpoint, counters: GatewayCounters, *, capacity: int) -> None:
+        self.shard = shard
+        self.counters = counters
+        self.capacity = capacity
+        self.following = asyncio.Event()  # a start position is known: updates are not missed
+        self._subscribers: dict[int, dict[OrderUpdateSubscriber, None]] = {}
+        self._count = 0
+        # Resume point: the position being delivered and how many of its updates went out.
+        self._position = 0
+        self._delivered_at_position = 0
+
+    @property
+    def subscriber_count(self) -> int:
+        return self._count
+
+    # --- the shared feed ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                if self._position == 0:
+                    self._position = await self.shard.applied_position() + 1
+                    self._delivered_at_position = 0
+                self.following.set()
+                await self._follow()
+                failures = 0
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.OUT_OF_RANGE:
+                    self._lost_updates(error.details() or "")
+                    continue
+                failures += 1
+                self.counters.add("order_update_feed_breaks")
+            except GatewayError:
+                failures += 1
+            await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
+
+    async def _follow(self) -> None:
+        request = shard_pb2.EgressSubscription(from_position=self._position, kinds=["order_update"])
+        call = self.shard.stub.SubscribeEgress(request)
+        try:
+            skip = self._delivered_at_position
+            async for batch in call:
+                for item in batch.items:
+                    position = item.stamp.position
+                    if position == self._position:
+                        if skip:
+                            skip -= 1
+                            continue
+                        self._delivered_at_position += 1
+                    else:
+                        skip = 0
+                        self._position = position
+                        self._delivered_at_position = 1
+                    update = item.order_update
+                    update.stamp.CopyFrom(item.stamp)
+                    self._deliver(update)
+        finally:
+            call.cancel()
+
+    def _deliver(self, update: shard_pb2.OrderUpdate) -> None:
+        self.counters.add("order_updates_seen")
+        subscribers = self._subscribers.get(update.user_id)
+        if not subscribers:
+            return
+        for subscriber in list(subscribers):
+            if subscriber.offer(update):
+                self.counters.add("order_updates_delivered")
+            else:
+                self.counters.add("order_update_slow_subscribers")
+                self._remove(subscriber)
+
+    def _lost_updates(self, detail: str) -> None:
+        self.counters.add("order_update_feed_gaps")
+        log.warning("gateway.order_updates_lost", detail=detail)
+        for subscribers in list(self._subscribers.values()):
+            for subscriber in list(subscribers):
+                subscriber.end(unavailable("order updates were interrupted; read open orders"))
+                self._remove(subscriber)
+        self._position = 0
+
+    # --- subscribers ----------------------------------------------------------------------
+
+    async def stream(
+        self, user_id: int, context: grpc.aio.ServicerContext[object, object]
+    ) -> AsyncIterator[shard_pb2.OrderUpdate]:
+        """The user's updates from now on; initial metadata tells the client it is live."""
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await self.following.wait()
+        except TimeoutError as error:
+            raise unavailable("the shard's order updates cannot be followed") from error
+        subscriber = OrderUpdateSubscriber(user_id, self.capacity)
+        self._subscribers.setdefault(user_id, {})[subscriber] = None
+        self._count += 1
+        try:
+            await context.send_initial_metadata(())
+            while True:
+                await subscriber.changed.wait()
+                subscriber.changed.clear()
+                while subscriber.updates:
+                    if subscriber.ended is not None:
+                        break
+                    yield subscriber.updates.popleft()
+                if subscriber.ended is not None:
+                    raise subscriber.ended
+        finally:
+            self._remove(subscriber)
+
+    def _remove(self, subscriber: OrderUpdateSubscriber) -> None:
+        subscribers = self._subscribers.get(subscriber.user_id)
+        if subscribers is None or subscriber not in subscribers:
+            return
+        del subscribers[subscriber]
+        self._count -= 1
+        if not subscribers:
+            del self._subscribers[subscriber.user_id]

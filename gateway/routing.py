@@ -1,0 +1,140 @@
+"""Which shard serves a user, and the calls the gateway makes to it.
+
+`ShardEndpoint` is one shard: the process's one shared `ShardLink` (every
+client's commands leave in the same batches) plus a channel for queries and the
+egress subscription. `StaticRouting` puts every user on one shard at epoch 0;
+a `RoutingTable` reading epoch-versioned membership from etcd can replace it
+behind the same `route` / `newer_epoch` pair. `ShardRouter.execute` stamps the
+routing epoch on a command and re-routes when the shard answers NOT_OWNER and a
+newer epoch exists (never with static routing: there is nowhere else to go).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from gateway.errors import GatewayError, timed_out, unavailable
+from gateway.statistics import GatewayCounters
+from protos.oms.v1 import shard_pb2, shard_pb2_grpc
+from services.clients.channels import mesh_channel
+from services.clients.shard_link import ShardLink, ShardUnavailableError
+
+MAX_REROUTES = 3
+
+
+class ShardEndpoint:
+    def __init__(self, address: str, *, timeout_s: float, counters: GatewayCounters) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.counters = counters
+        self.link = ShardLink(address)
+        self.channel = mesh_channel(address)
+        self.stub = shard_pb2_grpc.UserShardStub(self.channel)
+
+    async def execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
+        """The command's final result; UNAVAILABLE / TIMEOUT errors say: retry, same ids."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self.link.execute(command)
+        except ShardUnavailableError as error:
+            self.counters.add("shard_unavailable")
+            raise unavailable(str(error)) from error
+        except TimeoutError as error:
+            self.counters.add("shard_timeouts")
+            raise timed_out(
+                f"shard {self.address} gave no result in {self.timeout_s:g} s"
+            ) from error
+
+    async def actor(self, user_id: int) -> shard_pb2.ActorView:
+        try:
+            view: shard_pb2.ActorView = await self.stub.GetActor(
+                shard_pb2.ActorQuery(user_id=user_id), timeout=self.timeout_s
+            )
+            return view
+        except grpc.aio.AioRpcError as error:
+            raise self._query_failed("GetActor", error) from error
+
+    async def applied_position(self) -> int:
+        try:
+            status = await self.stub.GetStatus(
+                shard_pb2.ShardStatusRequest(), timeout=self.timeout_s
+            )
+        except grpc.aio.AioRpcError as error:
+            raise self._query_failed("GetStatus", error) from error
+        return int(status.applied_position)
+
+    async def close(self) -> None:
+        await self.link.close()
+        await self.channel.close()
+
+    def _query_failed(self, call: str, error: grpc.aio.AioRpcError) -> GatewayError:
+        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            self.counters.add("shard_timeouts")
+            return timed_out(f"shard {self.address} {call}: no answer in {self.timeout_s:g} s")
+        self.counters.add("shard_unavailable")
+        return unavailable(f"shard {self.address} {call}: {error.code().name}")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRoute:
+    endpoint: ShardEndpoint
+    epoch: int
+
+
+class Routing(Protocol):
+    def route(self, user_id: int) -> ShardRoute: ...
+
+    def endpoints(self) -> tuple[ShardEndpoint, ...]: ...
+
+    async def newer_epoch(self, epoch: int) -> bool:
+        """Whether routing has moved past `epoch` (after waiting briefly for it to)."""
+        ...
+
+
+class StaticRouting:
+    """One shard for every user (a single-shard mesh), epoch 0."""
+
+    def __init__(self, endpoint: ShardEndpoint) -> None:
+        self._route = ShardRoute(endpoint, 0)
+
+    def route(self, user_id: int) -> ShardRoute:
+        return self._route
+
+    def endpoints(self) -> tuple[ShardEndpoint, ...]:
+        return (self._route.endpoint,)
+
+    async def newer_epoch(self, epoch: int) -> bool:
+        return False
+
+
+class ShardRouter:
+    def __init__(self, routing: Routing, counters: GatewayCounters) -> None:
+        self.routing = routing
+        self.counters = counters
+
+    def endpoint(self, user_id: int) -> ShardEndpoint:
+        return self.routing.route(user_id).endpoint
+
+    async def execute(self, user_id: int, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
+        for _ in range(MAX_REROUTES):
+            route = self.routing.route(user_id)
+            which = command.WhichOneof("command")
+            if which == "place":
+                command.place.routing_epoch = route.epoch
+            elif which == "cancel":
+                command.cancel.routing_epoch = route.epoch
+            result = await route.endpoint.execute(command)
+            if result.reject_reason != shard_pb2.SHARD_REJECT_REASON_NOT_OWNER:
+                return result
+            self.counters.add("shard_not_owner")
+            if not await self.routing.newer_epoch(route.epoch):
+                return result
+        return result
+
+    async def close(self) -> None:
+        for endpoint in self.routing.endpoints():
+            await endpoint.close()

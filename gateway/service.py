@@ -1,0 +1,130 @@
+"""The gateway process: its parts wired together, as a `ServicePlan` for `ServiceHost`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from gateway.account_queries import AccountQueries
+from gateway.admin_service import SERVICE_NAME as ADMIN_SERVICE
+from gateway.admin_service import AdminService
+from gateway.authentication import Authenticator, GatewayInterceptor
+from gateway.credentials import CredentialDirectory, KeyHolder
+from gateway.hydrate_ahead import HydrateAhead
+from gateway.matcher_control import MatcherControl
+from gateway.order_service import SERVICE_NAME as ORDER_SERVICE
+from gateway.order_service import OrderService
+from gateway.order_updates import OrderUpdateFanout
+from gateway.persister_client import PersisterClient
+from gateway.routing import ShardEndpoint, ShardRouter, StaticRouting
+from gateway.settings import GatewaySettings
+from gateway.statistics import GatewayCounters
+from gateway.validation import RequestValidator
+from services.clients.matcher_directory import MatcherDirectory
+from services.markets.catalog import load_catalog
+from services.serving.service_host import ServicePlan
+from services.settings import SettingsError
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def admin_holder(settings: GatewaySettings) -> KeyHolder | None:
+    if not settings.admin_api_key:
+        return None
+    if not settings.admin_api_secret:
+        raise SettingsError("OMS_ADMIN_API_KEY is set but OMS_ADMIN_API_SECRET is empty")
+    return KeyHolder(settings.admin_api_key, settings.admin_api_secret, 0, admin=True)
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        catalog = load_catalog(settings.markets_file)
+        directory = MatcherDirectory.parse(settings.matchers, catalog)
+        self.counters = counters = GatewayCounters()
+        self.persister = PersisterClient(
+            settings.persister_address, timeout_s=settings.persister_timeout_ms / 1000
+        )
+        self.credentials = CredentialDirectory(
+            self.persister,
+            admin=admin_holder(settings),
+            capacity=settings.credential_cache_size,
+            ttl_s=settings.credential_ttl_ms / 1000,
+            unknown_ttl_s=settings.unknown_key_ttl_ms / 1000,
+        )
+        self.hydrate_ahead = HydrateAhead(
+            self.persister, counters, interval_s=settings.prefetch_interval_ms / 1000
+        )
+        shard = ShardEndpoint(
+            settings.shard_address, timeout_s=settings.shard_timeout_ms / 1000, counters=counters
+        )
+        self.router = ShardRouter(StaticRouting(shard), counters)
+        self.order_updates = OrderUpdateFanout(
+            shard, counters, capacity=settings.order_update_queue
+        )
+        self.matchers = MatcherControl(directory, timeout_s=settings.matcher_timeout_ms / 1000)
+        validator = RequestValidator(catalog, wall_clock_ms)
+        self.orders = OrderService(
+            validator=validator,
+            router=self.router,
+            queries=AccountQueries(
+                self.router, self.persister, self.hydrate_ahead, catalog.by_symbol()
+            ),
+            order_updates=self.order_updates,
+            counters=counters,
+            trade_in_flight=settings.trade_in_flight,
+        )
+        self.admin = AdminService(
+            validator=validator,
+            router=self.router,
+            persister=self.persister,
+            matchers=self.matchers,
+        )
+        self.interceptor = GatewayInterceptor(
+            Authenticator(
+                self.credentials,
+                timestamp_window_ms=settings.timestamp_window_ms,
+                wall_clock_ms=wall_clock_ms,
+            ),
+            counters,
+            self.hydrate_ahead.offer,
+        )
+
+    def status(self) -> tuple[Mapping[str, int], Mapping[str, str]]:
+        counters = dict(self.counters.snapshot())
+        counters["stream_subscribers"] = self.order_updates.subscriber_count
+        credentials = self.credentials.statistics()
+        counters["credentials_cached"] = credentials.cached
+        counters["credential_cache_hits"] = credentials.hits
+        counters["credential_cache_misses"] = credentials.misses
+        counters["credential_lookups"] = credentials.lookups
+        link = self.router.routing.endpoints()[0].link
+        counters["shard_batches_sent"] = link.sent_batches
+        counters["shard_commands_sent"] = link.sent_commands
+        info = {
+            "shard": self.settings.shard_address,
+            "persister": self.settings.persister_address,
+            "matchers": self.matchers.directory.format(),
+        }
+        return counters, info
+
+    def plan(self) -> ServicePlan:
+        def register(server: object) -> None:
+            self.orders.register(server)
+            self.admin.register(server)
+
+        return ServicePlan(
+            name="gateway",
+            service_names=(ORDER_SERVICE, ADMIN_SERVICE),
+            register=register,
+            status=self.status,
+            loops=[self.order_updates.run, self.hydrate_ahead.run],
+            interceptors=(self.interceptor,),
+        )
+
+    async def close(self) -> None:
+        await self.router.close()
+        await self.matchers.close()
+        await self.persister.close()

@@ -1,0 +1,70 @@
+"""Settings of one `oms gateway` process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.settings import setting
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    listen: str = setting(env="OMS_GATEWAY_LISTEN", default="127.0.0.1:7000")
+    shard_address: str = setting(
+        env="OMS_SHARD_ADDRESS", default="127.0.0.1:7201", help="the one shard (static routing)"
+    )
+    persister_address: str = setting(env="OMS_PERSISTER_ADDRESS", default="127.0.0.1:7301")
+    matchers: str = setting(
+        env="OMS_MATCHERS", default="", help="group=host:port,... for every matcher group"
+    )
+    markets_file: Path | None = setting(env="OMS_MARKETS_FILE", default=None)
+    admin_api_key: str = setting(
+        env="OMS_ADMIN_API_KEY", default="", help="empty: the admin API refuses every call"
+    )
+    admin_api_secret: str = setting(env="OMS_ADMIN_API_SECRET", default="")
+    timestamp_window_ms: int = setting(
+        env="OMS_GATEWAY_TIMESTAMP_WINDOW_MS",
+        default=5_000,
+        help="signed requests older or newer than this are refused",
+    )
+    credential_cache_size: int = setting(env="OMS_GATEWAY_CREDENTIAL_CACHE", default=100_000)
+    credential_ttl_ms: int = setting(
+        env="OMS_GATEWAY_CREDENTIAL_TTL_MS",
+        default=60_000,
+        help="how long a known key is trusted without asking the persister again",
+    )
+    unknown_key_ttl_ms: int = setting(
+        env="OMS_GATEWAY_UNKNOWN_KEY_TTL_MS",
+        default=1_000,
+        help="how long an unknown key is remembered as unknown (kept short: a new key works soon)",
+    )
+    shard_timeout_ms: int = setting(env="OMS_GATEWAY_SHARD_TIMEOUT_MS", default=10_000)
+    persister_timeout_ms: int = setting(env="OMS_GATEWAY_PERSISTER_TIMEOUT_MS", default=5_000)
+    matcher_timeout_ms: int = setting(env="OMS_GATEWAY_MATCHER_TIMEOUT_MS", default=5_000)
+    prefetch_interval_ms: int = setting(
+        env="OMS_GATEWAY_PREFETCH_INTERVAL_MS",
+        default=60_000,
+        help="hydrate-ahead asks the persister at most once per user per interval",
+    )
+    order_update_queue: int = setting(
+        env="OMS_GATEWAY_ORDER_UPDATE_QUEUE",
+        default=10_000,
+        help="updates buffered per subscriber; past this the subscriber is disconnected",
+    )
+    trade_in_flight: int = setting(
+        env="OMS_GATEWAY_TRADE_IN_FLIGHT",
+        default=10_000,
+        help="requests in flight per Trade stream before reading pauses",
+    )
+    log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """`oms client`: where the gateway is and whose key signs the calls."""
+
+    gateway_address: str = setting(env="OMS_GATEWAY_ADDRESS", default="127.0.0.1:7000")
+    user_id: int = setting(env="OMS_USER_ID", default=0, help="the account the key belongs to")
+    api_key: str = setting(env="OMS_API_KEY", default="")
+    api_secret: str = setting(env="OMS_API_SECRET", default="")

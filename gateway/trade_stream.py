@@ -1,0 +1,145 @@
+"""The batched bidirectional Trade stream for high-rate clients.
+
+Each `TradeRequestBatch` (at most `MAX_BATCH` requests, else the stream ends
+with BATCH_TOO_LARGE after answering what it had accepted) is checked request
+by request — the account against the stream's key, then the fields — and every
+valid request goes to the shard at once through the shared `ShardLink`. Answers
+leave as they are ready: whatever completed during one loop turn goes out in one
+`TradeResponseBatch`, matched by `request_id`, one answer per request. At most
+`max_in_flight` requests are unanswered per stream; past that, reading pauses,
+which is how gRPC flow control pushes back on the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from gateway.authentication import authorize_account, count_error
+from gateway.credentials import KeyHolder
+from gateway.errors import GatewayError, invalid_field
+from gateway.statistics import GatewayCounters
+from protos.oms.v1 import gateway_pb2
+
+MAX_BATCH = 1_000
+
+PlaceHandler = Callable[[gateway_pb2.PlaceOrderRequest], Awaitable[gateway_pb2.OrderAck]]
+CancelHandler = Callable[[gateway_pb2.CancelOrderRequest], Awaitable[gateway_pb2.CancelAck]]
+Check = Callable[[gateway_pb2.TradeRequest], None]
+
+
+class TradeSession:
+    def __init__(
+        self,
+        holder: KeyHolder,
+        *,
+        check: Check,
+        place: PlaceHandler,
+        cancel: CancelHandler,
+        counters: GatewayCounters,
+        max_in_flight: int,
+    ) -> None:
+        self.holder = holder
+        self.check = check
+        self.place = place
+        self.cancel = cancel
+        self.counters = counters
+        self.slots = asyncio.Semaphore(max_in_flight)
+        self.ready: deque[gateway_pb2.TradeResponse] = deque()
+        self.changed = asyncio.Event()
+        self.unanswered = 0
+        self.reading_done = False
+        self.refusal: GatewayError | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(
+        self, requests: AsyncIterator[gateway_pb2.TradeRequestBatch]
+    ) -> AsyncIterator[gateway_pb2.TradeResponseBatch]:
+        reader = asyncio.create_task(self._read(requests))
+        try:
+            while True:
+                if not self.ready:
+                    if reader.done() and not reader.cancelled() and reader.exception():
+                        raise reader.exception()  # type: ignore[misc]
+                    if self.reading_done and self.unanswered == 0:
+                        break
+                    self.changed.clear()
+                    await self.changed.wait()
+                    continue
+                # Let answers completing in this loop turn join the batch.
+                await asyncio.sleep(0)
+                batch = gateway_pb2.TradeResponseBatch(responses=self.ready)
+                self.ready.clear()
+                self.unanswered -= len(batch.responses)
+                yield batch
+                for _ in batch.responses:
+                    self.slots.release()
+            await reader
+            if self.refusal is not None:
+                raise self.refusal
+        finally:
+            reader.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader  # reaped only: a failure of it was raised above
+
+    def _put(self, response: gateway_pb2.TradeResponse) -> None:
+        self.ready.append(response)
+        self.changed.set()
+
+    async def _read(self, requests: AsyncIterator[gateway_pb2.TradeRequestBatch]) -> None:
+        try:
+            async for batch in requests:
+                if len(batch.requests) > MAX_BATCH:
+                    self.refusal = GatewayError(
+                        gateway_pb2.GATEWAY_ERROR_REASON_BATCH_TOO_LARGE,
+                        f"{len(batch.requests)} requests in one batch; at most {MAX_BATCH}",
+                    )
+                    count_error(self.counters, self.refusal)
+                    return
+                for request in batch.requests:
+                    await self.slots.acquire()
+                    self.unanswered += 1
+                    self._start(request)
+        finally:
+            self.reading_done = True
+            self.changed.set()
+
+    def _start(self, request: gateway_pb2.TradeRequest) -> None:
+        kind = request.WhichOneof("request") or "empty"
+        self.counters.add(f"trade_requests.{kind}")
+        try:
+            if kind == "place":
+                authorize_account(self.holder, request.place.user_id)
+            elif kind == "cancel":
+                authorize_account(self.holder, request.cancel.user_id)
+            else:
+                raise invalid_field("request", "a TradeRequest holds a place or a cancel")
+            self.check(request)
+        except GatewayError as error:
+            self._put(self._error(request.request_id, error))
+            return
+        task = asyncio.create_task(self._answer(request, kind))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, request: gateway_pb2.TradeRequest, kind: str) -> None:
+        response = gateway_pb2.TradeResponse(request_id=request.request_id)
+        try:
+            if kind == "place":
+                response.place.CopyFrom(await self.place(request.place))
+            else:
+                response.cancel.CopyFrom(await self.cancel(request.cancel))
+        except GatewayError as error:
+            response = self._error(request.request_id, error)
+        self._put(response)
+
+    def _error(self, request_id: int, error: GatewayError) -> gateway_pb2.TradeResponse:
+        count_error(self.counters, error)
+        response = gateway_pb2.TradeResponse(request_id=request_id)
+        response.error.reason = error.reason  # type: ignore[assignment]
+        response.error.detail = error.detail
+        return response
