@@ -1,0 +1,129 @@
+"""Following the shard's durable egress from the position after the last one handled.
+
+One `SubscribeEgress` stream carries the kinds the persister acts on. Reads
+(hydrate requests, dedup lookups) go to their readers, which never block this
+loop; writes (orders, fills, ledger rows, flushes) go to the write-behind
+buffer, which blocks this loop only while it is full (backpressure).
+
+Completeness: a position's items may span two stream messages, because the shard
+splits its messages at `SHARD_ITEMS_PER_MESSAGE` items wherever that falls. So
+the last position of a full message counts as complete only once a later
+position shows up; in any shorter message every position is complete.
+
+When the stream breaks (the shard restarted or the network failed) the follower
+drops what it got past the complete position, waits for the shard's channel to
+be ready again (with gRPC's short reconnect backoff), sends recent flush answers
+again (`on_connect`), and resubscribes right after the complete position. If the
+shard no longer retains that position it answers OUT_OF_RANGE, and the follower
+stops with `EgressGapError` instead of skipping rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import grpc
+import structlog
+
+from persister.counters import Counters
+from persister.dedup_reads import DedupReads
+from persister.errors import EgressGapError
+from persister.hydration_reads import HydrationReads
+from persister.write_behind import WRITE_KINDS, WriteBehind
+from protos.oms.v1 import shard_pb2
+from services.clients.channels import mesh_channel
+
+log = structlog.get_logger(__name__)
+
+SUBSCRIBE_METHOD = "/oms.v1.UserShard/SubscribeEgress"
+KINDS = ("hydrate_request", "dedup_lookup", *WRITE_KINDS)
+# EGRESS_PER_MESSAGE in services/shard/service.py: a message this long may end mid-position.
+SHARD_ITEMS_PER_MESSAGE = 2_000
+RETRY_DELAY_S = 0.2
+
+COUNTERS = ("egress_items", "egress_messages", "egress_connects", "egress_breaks")
+
+
+class EgressFollower:
+    def __init__(
+        self,
+        shard_address: str,
+        write_behind: WriteBehind,
+        hydrations: HydrationReads,
+        dedup: DedupReads,
+        counters: Counters,
+        *,
+        on_connect: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.shard_address = shard_address
+        self.write_behind = write_behind
+        self.hydrations = hydrations
+        self.dedup = dedup
+        self.counters = counters
+        self.on_connect = on_connect
+        self.received_through = 0
+
+    async def run(self) -> None:
+        channel = mesh_channel(self.shard_address)
+        subscribe = channel.unary_stream(
+            SUBSCRIBE_METHOD,
+            request_serializer=shard_pb2.EgressSubscription.SerializeToString,
+            response_deserializer=shard_pb2.ShardEgressBatch.FromString,
+        )
+        try:
+            while True:
+                await channel.channel_ready()
+                await self.on_connect()
+                start = self.write_behind.complete_through + 1
+                self.counters.add("egress_connects")
+                log.info(
+                    "persister.egress_subscribed", shard=self.shard_address, from_position=start
+                )
+                call = subscribe(shard_pb2.EgressSubscription(from_position=start, kinds=KINDS))
+                try:
+                    async for message in call:
+                        await self._take(message)
+                    log.info("persister.egress_ended", shard=self.shard_address)
+                except grpc.aio.AioRpcError as error:
+                    if error.code() == grpc.StatusCode.OUT_OF_RANGE:
+                        log.critical(
+                            "persister.egress_gap", from_position=start, detail=error.details()
+                        )
+                        raise EgressGapError(
+                            f"shard {self.shard_address} no longer retains egress from position "
+                            f"{start}: {error.details()}"
+                        ) from error
+                    log.warning(
+                        "persister.egress_broken", code=error.code().name, detail=error.details()
+                    )
+                finally:
+                    call.cancel()
+                self.counters.add("egress_breaks")
+                self.write_behind.discard_incomplete()
+                await asyncio.sleep(RETRY_DELAY_S)
+        finally:
+            await channel.close()
+
+    async def _take(self, message: shard_pb2.ShardEgressBatch) -> None:
+        items = message.items
+        if not items:
+            return
+        await self.write_behind.wait_for_room()
+        write_behind = self.write_behind
+        for item in items:
+            kind = item.WhichOneof("egress")
+            position = item.stamp.position
+            if kind == "hydrate_request":
+                request = item.hydrate_request
+                self.hydrations.request(request.user_id, request.epoch, position)
+            elif kind == "dedup_lookup":
+                lookup = item.dedup_lookup
+                self.dedup.request(lookup.user_id, lookup.client_order_id, position)
+            else:
+                write_behind.add(item)
+        last = items[-1].stamp.position
+        self.received_through = last
+        self.counters.add("egress_items", len(items))
+        self.counters.add("egress_messages")
+        write_behind.mark_complete(last if len(items) < SHARD_ITEMS_PER_MESSAGE else last - 1)

@@ -1,0 +1,195 @@
+"""`oms.v1.Persister`: the persister's small synchronous side, over gRPC.
+
+Errors are gRPC status codes with the machine-readable reason (a
+`PersisterErrorReason` name) in the trailing metadata key `x-oms-reason`:
+ALREADY_EXISTS/USER_EXISTS, NOT_FOUND/UNKNOWN_KEY or UNKNOWN_ORDER,
+INVALID_ARGUMENT (reason UNSPECIFIED: the contract has no reason for bad input
+yet), UNAVAILABLE when PostgreSQL cannot be reached. A refused call changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeAlias
+
+import grpc
+import structlog
+
+from persister import answers
+from persister.accounts import UserExistsError, create_user, new_user_problem, read_credential
+from persister.answers import AnswerSink
+from persister.counters import Counters
+from persister.errors import StoreError, StoreUnavailable
+from persister.order_rows import read_order
+from persister.store import Store
+from persister.unknown_users import UnknownUsers
+from persister.user_rows import INT64_MAX, StoredStateError, read_users, stored_state
+from protos.oms.v1 import persister_pb2
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAME = "oms.v1.Persister"
+REASON_KEY = "x-oms-reason"
+MAX_PREFETCH_USERS = 10_000
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+Reason: TypeAlias = persister_pb2.PersisterErrorReason.ValueType
+
+COUNTERS = ("users_created", "credential_reads", "prefetch_requests", "prefetch_offers")
+
+
+async def abort(context: Context, code: grpc.StatusCode, reason: Reason, message: str) -> NoReturn:
+    name = persister_pb2.PersisterErrorReason.Name(reason)
+    await context.abort(code, message, trailing_metadata=((REASON_KEY, name),))
+    raise AssertionError("unreachable: abort raises")
+
+
+class PersisterApi:
+    def __init__(
+        self, store: Store, shard: AnswerSink, unknown: UnknownUsers, counters: Counters
+    ) -> None:
+        self.store = store
+        self.shard = shard
+        self.unknown = unknown
+        self.counters = counters
+
+    async def create_user(
+        self, request: persister_pb2.NewUser, context: Context
+    ) -> persister_pb2.CreatedUser:
+        problem = new_user_problem(request)
+        if problem:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _UNSPECIFIED, problem)
+        try:
+            created = await create_user(self.store, request)
+        except UserExistsError as error:
+            await abort(context, grpc.StatusCode.ALREADY_EXISTS, _USER_EXISTS, str(error))
+        self.unknown.forget(created.user_id)
+        self.counters.add("users_created")
+        log.info("persister.user_created", user_id=created.user_id, tier=request.tier)
+        return created
+
+    async def get_credential(
+        self, request: persister_pb2.CredentialQuery, context: Context
+    ) -> persister_pb2.Credential:
+        if not request.api_key:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _UNSPECIFIED, "api_key is empty")
+        async with self.store.session() as session:
+            row = await read_credential(session, request.api_key)
+        self.counters.add("credential_reads")
+        if row is None:
+            await abort(context, grpc.StatusCode.NOT_FOUND, _UNKNOWN_KEY, "unknown api key")
+        return persister_pb2.Credential(
+            api_key=row.api_key, user_id=row.user_id, api_secret=row.secret, enabled=row.enabled
+        )
+
+    async def get_stored_user(
+        self, request: persister_pb2.UserQuery, context: Context
+    ) -> persister_pb2.StoredUser:
+        if not 0 < request.user_id <= INT64_MAX:
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, _UNSPECIFIED, "user_id out of range"
+            )
+        async with self.store.session() as session:
+            rows = await read_users(session, [request.user_id])
+        row = rows.get(request.user_id)
+        if row is None:
+            return persister_pb2.StoredUser(known=False)
+        try:
+            return persister_pb2.StoredUser(known=True, state=stored_state(row))
+        except StoredStateError as error:
+            await abort(context, grpc.StatusCode.DATA_LOSS, _UNSPECIFIED, str(error))
+
+    async def get_stored_order(
+        self, request: persister_pb2.StoredOrderQuery, context: Context
+    ) -> persister_pb2.StoredOrder:
+        if not request.order_id:
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, _UNSPECIFIED, "order_id is empty"
+            )
+        async with self.store.session() as session:
+            row = await read_order(session, request.order_id)
+        # Another user's order is "not found", never "not yours".
+        if row is None or (request.user_id and row["user_id"] != request.user_id):
+            await abort(context, grpc.StatusCode.NOT_FOUND, _UNKNOWN_ORDER, "unknown order")
+        return persister_pb2.StoredOrder(**row)
+
+    async def prefetch(
+        self, request: persister_pb2.PrefetchRequest, context: Context
+    ) -> persister_pb2.PrefetchAck:
+        if len(request.user_ids) > MAX_PREFETCH_USERS:
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                _UNSPECIFIED,
+                f"at most {MAX_PREFETCH_USERS} users per prefetch",
+            )
+        wanted = [user for user in dict.fromkeys(request.user_ids) if 0 < user <= INT64_MAX]
+        self.counters.add("prefetch_requests")
+        if not wanted:
+            return persister_pb2.PrefetchAck()
+        async with self.store.session() as session:
+            rows = await read_users(session, wanted)
+        offers = []
+        for user_id, row in rows.items():
+            try:
+                offers.append(answers.hydrate_user(user_id, 0, stored_state(row)))
+            except StoredStateError as error:
+                log.error("persister.stored_state_unreadable", user_id=user_id, error=str(error))
+        if offers:
+            await self.shard.send(offers)
+        self.counters.add("prefetch_offers", len(offers))
+        return persister_pb2.PrefetchAck()
+
+    # --- wiring ---------------------------------------------------------------------------
+
+    def register(self, server: grpc.aio.Server) -> None:
+        def unary(
+            handler: Callable[[Any, Context], Awaitable[Any]], request_type: Any, response: Any
+        ) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                _store_errors_as_status(handler),
+                request_deserializer=request_type.FromString,
+                response_serializer=response.SerializeToString,
+            )
+
+        handlers = {
+            "CreateUser": unary(self.create_user, persister_pb2.NewUser, persister_pb2.CreatedUser),
+            "GetCredential": unary(
+                self.get_credential, persister_pb2.CredentialQuery, persister_pb2.Credential
+            ),
+            "GetStoredUser": unary(
+                self.get_stored_user, persister_pb2.UserQuery, persister_pb2.StoredUser
+            ),
+            "GetStoredOrder": unary(
+                self.get_stored_order, persister_pb2.StoredOrderQuery, persister_pb2.StoredOrder
+            ),
+            "Prefetch": unary(
+                self.prefetch, persister_pb2.PrefetchRequest, persister_pb2.PrefetchAck
+            ),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )
+
+
+_UNSPECIFIED = persister_pb2.PERSISTER_ERROR_REASON_UNSPECIFIED
+_USER_EXISTS = persister_pb2.PERSISTER_ERROR_REASON_USER_EXISTS
+_UNKNOWN_KEY = persister_pb2.PERSISTER_ERROR_REASON_UNKNOWN_KEY
+_UNKNOWN_ORDER = persister_pb2.PERSISTER_ERROR_REASON_UNKNOWN_ORDER
+
+
+def _store_errors_as_status(
+    handler: Callable[[Any, Context], Awaitable[Any]],
+) -> Callable[[Any, Context], Awaitable[Any]]:
+    """PostgreSQL trouble as UNAVAILABLE (retry) or INTERNAL, with the reason unspecified."""
+
+    async def handle(request: Any, context: Context) -> Any:
+        try:
+            return await handler(request, context)
+        except StoreUnavailable as error:
+            log.warning("persister.rpc_store_unavailable", error=str(error))
+            await abort(context, grpc.StatusCode.UNAVAILABLE, _UNSPECIFIED, "database unavailable")
+        except StoreError as error:
+            log.error("persister.rpc_store_error", error=str(error))
+            await abort(context, grpc.StatusCode.INTERNAL, _UNSPECIFIED, "database error")
+
+    return handle

@@ -1,0 +1,39 @@
+"""Start-up and shutdown of one persister: database, schema, lock, cursor, then serve."""
+
+from __future__ import annotations
+
+import structlog
+
+from persister.cursor import read_cursor
+from persister.migrations import apply_migrations
+from persister.service import PersisterService
+from persister.settings import PersisterSettings
+from persister.shard_lock import shard_lock
+from persister.store import Store
+from services.clients.shard_link import ShardLink
+from services.serving.service_host import ServiceHost
+
+log = structlog.get_logger(__name__)
+
+
+async def serve(settings: PersisterSettings) -> None:
+    host = ServiceHost(settings.listen)
+    host.install_signal_handlers()
+    store = await Store.open_when_ready(
+        settings.database_url,
+        pool_size=settings.pool_size,
+        timeout_s=settings.startup_timeout_ms / 1000,
+    )
+    link = ShardLink(settings.shard_address)
+    try:
+        applied = await apply_migrations(store)
+        log.info("persister.schema_ready", applied_now=applied)
+        async with shard_lock(store, settings.shard_id) as lock:
+            async with store.session() as session:
+                cursor = await read_cursor(session, settings.shard_id)
+            log.info("persister.starting", shard_id=settings.shard_id, cursor=cursor)
+            service = PersisterService(settings, store, link, lock, start_position=cursor)
+            await host.run(service.plan())
+    finally:
+        await link.close()
+        await store.close()

@@ -1,0 +1,75 @@
+"""Settings of one `oms persister` process (one per user shard)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.settings import setting
+
+
+@dataclass(frozen=True)
+class PersisterSettings:
+    shard_address: str = setting(
+        env="OMS_SHARD_ADDRESS", default="127.0.0.1:7201", help="host:port of the shard it follows"
+    )
+    listen: str = setting(env="OMS_PERSISTER_LISTEN", default="127.0.0.1:7301")
+    database_url: str = setting(
+        env="OMS_DATABASE_URL", default="", help="postgresql:// URL of the system of record"
+    )
+    shard_id: str = setting(
+        env="OMS_SHARD_ID", default="s1", help="the shard whose rows and cursor this one writes"
+    )
+    write_interval_ms: int = setting(
+        env="OMS_PERSISTER_WRITE_INTERVAL_MS",
+        default=10,
+        help="cadence of write-behind transactions",
+    )
+    max_rows_per_transaction: int = setting(env="OMS_PERSISTER_MAX_BATCH_ROWS", default=5_000)
+    max_buffered_rows: int = setting(
+        env="OMS_PERSISTER_MAX_BUFFERED_ROWS",
+        default=200_000,
+        help="the egress follower waits (backpressure) while this many rows await a write",
+    )
+    read_workers: int = setting(env="OMS_PERSISTER_READ_WORKERS", default=4)
+    max_reads_per_query: int = setting(env="OMS_PERSISTER_MAX_READS_PER_QUERY", default=500)
+    max_pending_reads: int = setting(
+        env="OMS_PERSISTER_MAX_PENDING_READS",
+        default=50_000,
+        help="requests beyond this are shed; the shard asks again after 5 s",
+    )
+    unknown_user_ttl_ms: int = setting(
+        env="OMS_PERSISTER_UNKNOWN_USER_TTL_MS", default=2_000, help="negative cache lifetime"
+    )
+    max_unknown_users: int = setting(env="OMS_PERSISTER_MAX_UNKNOWN_USERS", default=100_000)
+    flush_reanswer_window_ms: int = setting(
+        env="OMS_PERSISTER_FLUSH_REANSWER_MS",
+        default=30_000,
+        help="on every (re)connect, flush answers committed this recently are sent again",
+    )
+    pool_size: int = setting(env="OMS_PERSISTER_POOL_SIZE", default=8)
+    startup_timeout_ms: int = setting(env="OMS_PERSISTER_STARTUP_TIMEOUT_MS", default=30_000)
+    log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
+
+    def problems(self) -> list[str]:
+        found = []
+        if not self.database_url:
+            found.append("a database URL is required (--database-url or OMS_DATABASE_URL)")
+        if not self.shard_id or ":" in self.shard_id:
+            found.append("shard id must be non-empty and contain no ':'")
+        positive = {
+            "write_interval_ms": self.write_interval_ms,
+            "max_rows_per_transaction": self.max_rows_per_transaction,
+            "max_buffered_rows": self.max_buffered_rows,
+            "read_workers": self.read_workers,
+            "max_reads_per_query": self.max_reads_per_query,
+            "max_pending_reads": self.max_pending_reads,
+            "unknown_user_ttl_ms": self.unknown_user_ttl_ms,
+            "max_unknown_users": self.max_unknown_users,
+            "pool_size": self.pool_size,
+        }
+        found += [
+            f"{name} must be positive, not {value}" for name, value in positive.items() if value < 1
+        ]
+        if self.pool_size < self.read_workers + 2:
+            found.append("pool_size must cover the read workers, the writer and one RPC")
+        return found

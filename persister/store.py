@@ -1,0 +1,143 @@
+"""The PostgreSQL adapter: the only module of the persister that imports asyncpg.
+
+`Store` is a connection pool; `transaction()` lends one connection inside a
+transaction as a `Session`, `savepoint()` nests one. Every asyncpg or socket
+error leaves this module as one of `persister.errors` (`StoreUnavailable`,
+`ConflictError`, `RowRejected`, `StoreError`), so SQL lives with the code that
+means it and the error handling speaks our words. Rows come back as plain dicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from typing import Any
+
+import asyncpg
+
+from persister.errors import ConflictError, RowRejected, StoreError, StoreUnavailable
+
+Row = dict[str, Any]
+COMMAND_TIMEOUT_S = 30.0
+
+
+def translate(error: BaseException) -> StoreError:
+    """Our error for an asyncpg (or socket) error."""
+    constraint = str(getattr(error, "constraint_name", "") or "")
+    message = f"{type(error).__name__}: {error}"
+    if isinstance(error, asyncpg.UniqueViolationError | asyncpg.ExclusionViolationError):
+        return ConflictError(message, constraint)
+    if isinstance(
+        error,
+        asyncpg.IntegrityConstraintViolationError
+        | asyncpg.DataError
+        | asyncpg.exceptions.RaiseError,
+    ):
+        return RowRejected(message, constraint)
+    if isinstance(
+        error,
+        asyncpg.PostgresConnectionError
+        | asyncpg.InterfaceError
+        | asyncpg.exceptions.OperatorInterventionError
+        | asyncpg.exceptions.InsufficientResourcesError
+        | asyncpg.exceptions.TransactionRollbackError
+        | OSError
+        | TimeoutError,
+    ):
+        return StoreUnavailable(message)
+    return StoreError(message)
+
+
+_TRANSLATED = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except _TRANSLATED as error:
+        raise translate(error) from error
+
+
+class Session:
+    """One pooled connection, lent for a unit of work."""
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    async def execute(self, sql: str, *arguments: Any) -> str:
+        with _translated():
+            return str(await self._connection.execute(sql, *arguments))
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with _translated():
+            await self._connection.executemany(sql, rows)
+
+    async def fetch(self, sql: str, *arguments: Any) -> list[Row]:
+        with _translated():
+            records = await self._connection.fetch(sql, *arguments)
+        return [dict(record.items()) for record in records]
+
+    async def fetchrow(self, sql: str, *arguments: Any) -> Row | None:
+        with _translated():
+            record = await self._connection.fetchrow(sql, *arguments)
+        return None if record is None else dict(record.items())
+
+    async def fetchval(self, sql: str, *arguments: Any) -> Any:
+        with _translated():
+            return await self._connection.fetchval(sql, *arguments)
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        """A nested transaction: an error inside rolls back to here and propagates."""
+        with _translated():
+            async with self._connection.transaction():
+                yield
+
+
+class Store:
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def open(cls, url: str, *, pool_size: int) -> Store:
+        with _translated():
+            pool = await asyncpg.create_pool(
+                url, min_size=1, max_size=pool_size, command_timeout=COMMAND_TIMEOUT_S
+            )
+        return cls(pool)
+
+    @classmethod
+    async def open_when_ready(cls, url: str, *, pool_size: int, timeout_s: float) -> Store:
+        """Open the pool, retrying while the server is not up yet (e.g. under `oms up`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        delay_s = 0.1
+        while True:
+            try:
+                return await cls.open(url, pool_size=pool_size)
+            except StoreUnavailable:
+                if loop.time() + delay_s > deadline:
+                    raise
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 2.0)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Session]:
+        """A connection without an explicit transaction (each statement commits)."""
+        with _translated():
+            async with self._pool.acquire() as connection:
+                yield Session(connection)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Session]:
+        """A connection inside one transaction: committed on exit, rolled back on error."""
+        with _translated():
+            async with self._pool.acquire() as connection, connection.transaction():
+                yield Session(connection)
+
+    async def close(self) -> None:
+        with contextlib.suppress(*_TRANSLATED):
+            await asyncio.wait_for(self._pool.close(), 5.0)
+        self._pool.terminate()

@@ -1,0 +1,461 @@
+"""Write-behind: the shard's order, fill, ledger and flush egress, committed in batches.
+
+The egress follower `add`s items in log order and says how far the egress is
+complete (`complete_through`: every item at or before that position has been
+received). About every `interval_ms` one transaction writes what is complete:
+orders inserted, order updates, fills, ledger rows, dehydration flushes (CAS),
+and the persister cursor moved to the last position written. So the cursor
+passes a position only once everything at or before it is committed, and a
+restart from the cursor neither loses nor doubles a row.
+
+Flush answers go to the shard only after the commit. Reads that must see every
+write before their own position wait on `wait_committed`.
+
+A batch the database refuses (a CHECK, a value out of range) is written again
+row by row, each in a savepoint: the bad rows are counted in `rejected_rows`,
+logged and skipped, and the stream goes on. An unreachable database is retried
+with backoff while the buffer (bounded) holds the rows; the follower waits when
+it is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from persister import answers
+from persister.answers import AnswerSink
+from persister.counters import Counters
+from persister.cursor import write_cursor
+from persister.errors import ConflictError, RowRejected, StoreUnavailable
+from persister.flushes import Flush, FlushOutcome, write_flushes
+from persister.order_rows import InsertReport, NewOrder, OrderChange, insert_orders, update_orders
+from persister.store import Session, Store
+from persister.trade_rows import FillReport, FillRow, LedgerRow, insert_fills, insert_ledger
+from protos.oms.v1 import shard_pb2
+
+log = structlog.get_logger(__name__)
+
+Op = NewOrder | OrderChange | FillRow | LedgerRow | Flush
+WRITE_KINDS = ("submit", "order_update", "fill", "ledger", "begin_dehydrate")
+FINAL_WRITE_S = 5.0
+MAX_RETRY_DELAY_S = 2.0
+
+COUNTERS = (
+    "transactions",
+    "orders_inserted",
+    "order_updates_written",
+    "order_updates_skipped",
+    "fills_inserted",
+    "ledger_rows_inserted",
+    "conflicts_absorbed",
+    "replayed_rows",
+    "duplicate_command_reached_db",
+    "duplicate_order_reached_db",
+    "duplicate_fill_reached_db",
+    "rejected_rows",
+    "batch_fallbacks",
+    "store_retries",
+    "flushes_completed",
+    "flushes_replayed",
+    "flushes_refused",
+    "buffer_full_waits",
+)
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What one transaction did, counted only once it committed."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    flushes: list[FlushOutcome] = field(default_factory=list)
+
+    def add(self, name: str, amount: int = 1) -> None:
+        if amount:
+            self.counts[name] = self.counts.get(name, 0) + amount
+
+
+class WriteBehind:
+    def __init__(
+        self,
+        store: Store,
+        shard_id: str,
+        shard: AnswerSink,
+        counters: Counters,
+        *,
+        start_position: int,
+        interval_ms: int,
+        max_rows_per_transaction: int,
+        max_buffered_rows: int,
+    ) -> None:
+        self.store = store
+        self.shard_id = shard_id
+        self.shard = shard
+        self.counters = counters
+        self.interval_s = interval_ms / 1000
+        self.max_rows_per_transaction = max_rows_per_transaction
+        self.max_buffered_rows = max_buffered_rows
+        self._ops: list[Op] = []
+        self._taken = 0  # ops at the front that a transaction in progress writes
+        self._open_orders: dict[str, NewOrder] = {}  # buffered, not taken: updates merge in
+        self._last_position = start_position
+        self._ledger_index = 0
+        self._complete_through = start_position
+        self._committed_through = start_position
+        self._committed = asyncio.Condition()
+        self._work = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    # --- the follower's side ------------------------------------------------------------
+
+    @property
+    def complete_through(self) -> int:
+        return self._complete_through
+
+    @property
+    def committed_through(self) -> int:
+        return self._committed_through
+
+    def buffered(self) -> int:
+        return len(self._ops)
+
+    async def wait_for_room(self) -> None:
+        if not self._room.is_set():
+            self.counters.add("buffer_full_waits")
+            await self._room.wait()
+
+    def add(self, item: shard_pb2.ShardEgress) -> None:
+        """Buffer one write egress item; items arrive in log position order."""
+        position = item.stamp.position
+        if position < self._last_position or position <= self._complete_through:
+            raise RuntimeError(
+                f"egress position {position} after {self._last_position} "
+                f"(complete through {self._complete_through}): out of order"
+            )
+        if position != self._last_position:
+            self._last_position = position
+            self._ledger_index = 0
+        time_ms = item.stamp.consensus_time_ms
+        kind = item.WhichOneof("egress")
+        if kind == "ledger":
+            entry = item.ledger
+            self._append(
+                LedgerRow(
+                    position,
+                    self._ledger_index,
+                    entry.user_id,
+                    entry.account,
+                    entry.asset,
+                    entry.amount,
+                    entry.reference,
+                    time_ms,
+                )
+            )
+            self._ledger_index += 1
+        elif kind == "order_update":
+            self._add_update(item.order_update, position)
+        elif kind == "submit":
+            order = item.submit.order
+            new = NewOrder(
+                order.order_id,
+                order.user_id,
+                order.symbol,
+                int(order.side),
+                int(order.order_type),
+                int(order.time_in_force),
+                order.price_ticks,
+                order.quantity_lots,
+                order.quote_amount,
+                position,
+                time_ms,
+                remaining_lots=order.quantity_lots,
+            )
+            self._open_orders[new.order_id] = new
+            self._append(new)
+        elif kind == "fill":
+            fill = item.fill
+            self._append(
+                FillRow(
+                    fill.order_id,
+                    fill.trade_id,
+                    fill.user_id,
+                    fill.symbol,
+                    int(fill.side),
+                    fill.price_ticks,
+                    fill.quantity_lots,
+                    fill.fee,
+                    fill.maker,
+                    position,
+                    time_ms,
+                )
+            )
+        elif kind == "begin_dehydrate":
+            self._append(Flush.from_egress(item.begin_dehydrate, position))
+        else:
+            raise ValueError(f"not a write-behind egress kind: {kind}")
+
+    def mark_complete(self, position: int) -> None:
+        """Every item at or before `position` has been added."""
+        if position > self._complete_through:
+            self._complete_through = position
+            self._work.set()
+
+    def discard_incomplete(self) -> None:
+        """After a broken stream: forget items past the complete position (they come again)."""
+        keep = len(self._ops)
+        while keep > self._taken and self._ops[keep - 1].position > self._complete_through:
+            keep -= 1
+        for op in self._ops[keep:]:
+            if isinstance(op, NewOrder):
+                self._open_orders.pop(op.order_id, None)
+        del self._ops[keep:]
+        self._last_position = self._complete_through
+        self._ledger_index = 0
+        self._update_room()
+
+    async def wait_committed(self, position: int) -> None:
+        """Until every write at or before `position` is committed."""
+        if self._committed_through >= position:
+            return
+        async with self._committed:
+            await self._committed.wait_for(lambda: self._committed_through >= position)
+
+    def _append(self, op: Op) -> None:
+        self._ops.append(op)
+        self._update_room()
+
+    def _add_update(self, update: shard_pb2.OrderUpdate, position: int) -> None:
+        order = self._open_orders.get(update.order_id)
+        if order is not None:
+            # Still buffered: the insert carries the newest state (the PENDING update of
+            # the admitting position brings the client order id).
+            if not order.client_order_id:
+                order.client_order_id = update.client_order_id
+            order.status = int(update.status)
+            order.filled_lots = update.filled_lots
+            order.remaining_lots = update.remaining_lots
+            return
+        self._append(
+            OrderChange(
+                update.order_id,
+                int(update.status),
+                update.filled_lots,
+                update.remaining_lots,
+                position,
+            )
+        )
+
+    def _update_room(self) -> None:
+        if len(self._ops) >= self.max_buffered_rows:
+            self._room.clear()
+        else:
+            self._room.set()
+
+    # --- the writer ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_start = 0.0
+        try:
+            while True:
+                await self._work.wait()
+                wait_s = last_start + self.interval_s - loop.time()
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)
+                last_start = loop.time()
+                await self._write_with_retries()
+        except asyncio.CancelledError:
+            # Graceful stop: commit what is complete, briefly; the cursor covers the rest.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(FINAL_WRITE_S):
+                    while self._complete_through > self._committed_through:
+                        await self._write_once()
+            raise
+
+    async def _write_with_retries(self) -> None:
+        delay_s = 0.05
+        while True:
+            try:
+                await self._write_once()
+                return
+            except StoreUnavailable as error:
+                self.counters.add("store_retries")
+                log.warning("persister.store_unavailable", error=str(error), retry_in_s=delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, MAX_RETRY_DELAY_S)
+
+    async def _write_once(self) -> None:
+        through = self._complete_through
+        count = self._take(through)
+        ops = self._ops[:count]
+        if count < len(self._ops) and self._ops[count].position <= through:
+            through = ops[-1].position  # capped: the rest of the complete part goes next
+        if through <= self._committed_through and not ops:
+            self._work.clear()
+            return
+        try:
+            async with self.store.transaction() as session:
+                outcome = await self._write_batch(session, ops)
+                await write_cursor(session, self.shard_id, through)
+        except (RowRejected, ConflictError) as error:
+            log.warning("persister.batch_refused", error=str(error), rows=len(ops))
+            async with self.store.transaction() as session:
+                outcome = await self._write_rows(session, ops)
+                await write_cursor(session, self.shard_id, through)
+            outcome.add("batch_fallbacks")
+        self._committed_batch(count, through, outcome)
+        if outcome.flushes:
+            await self.shard.send([_flush_answer(flush) for flush in outcome.flushes])
+        async with self._committed:
+            self._committed.notify_all()
+
+    def _take(self, through: int) -> int:
+        """How many ops from the front the next transaction writes (whole positions only)."""
+        ops = self._ops
+        count = max(self._taken, 0)
+        cap = self.max_rows_per_transaction
+        while count < len(ops) and ops[count].position <= through:
+            if count >= cap and ops[count].position != ops[count - 1].position:
+                break
+            op = ops[count]
+            if isinstance(op, NewOrder):
+                self._open_orders.pop(op.order_id, None)
+            count += 1
+        self._taken = count
+        return count
+
+    def _committed_batch(self, count: int, through: int, outcome: _Outcome) -> None:
+        del self._ops[:count]
+        self._taken = 0
+        self._committed_through = max(self._committed_through, through)
+        if self._committed_through >= self._complete_through and not self._ops:
+            self._work.clear()
+        self._update_room()
+        self.counters.add("transactions")
+        for name, amount in outcome.counts.items():
+            self.counters.add(name, amount)
+        for flush in outcome.flushes:
+            if not flush.completed:
+                self.counters.add("flushes_refused")
+                log.warning(
+                    "persister.flush_refused",
+                    user_id=flush.flush.user_id,
+                    epoch=flush.flush.epoch,
+                    reason=flush.reason,
+                )
+            elif flush.replayed:
+                self.counters.add("flushes_replayed")
+            else:
+                self.counters.add("flushes_completed")
+
+    # --- one transaction ----------------------------------------------------------------
+
+    async def _write_batch(self, session: Session, ops: list[Op]) -> _Outcome:
+        outcome = _Outcome()
+        orders, changes, fills, ledger, flushes = _split(ops)
+        if orders:
+            self._count_orders(outcome, await insert_orders(session, orders, self.shard_id))
+        if changes:
+            written = await update_orders(session, changes)
+            outcome.add("order_updates_written", written)
+            outcome.add("order_updates_skipped", len(changes) - written)
+        if fills:
+            self._count_fills(outcome, await insert_fills(session, fills, self.shard_id))
+        if ledger:
+            replayed = await insert_ledger(session, ledger, self.shard_id)
+            outcome.add("ledger_rows_inserted", len(ledger) - replayed)
+            outcome.add("replayed_rows", replayed)
+            outcome.add("conflicts_absorbed", replayed)
+        if flushes:
+            outcome.flushes = await write_flushes(session, flushes, self.shard_id)
+        return outcome
+
+    async def _write_rows(self, session: Session, ops: list[Op]) -> _Outcome:
+        """The batch again, one row per savepoint: refused rows are counted and skipped."""
+        outcome = _Outcome()
+        for op in _write_order(ops):
+            try:
+                async with session.savepoint():
+                    single = await self._write_batch(session, [op])
+            except (RowRejected, ConflictError) as error:
+                outcome.add("rejected_rows")
+                log.error("persister.row_rejected", row=_describe(op), error=str(error))
+                if isinstance(op, Flush):
+                    outcome.flushes.append(
+                        FlushOutcome(op, False, 0, reason=f"the database refused it: {error}")
+                    )
+                continue
+            for name, amount in single.counts.items():
+                outcome.add(name, amount)
+            outcome.flushes.extend(single.flushes)
+        return outcome
+
+    def _count_orders(self, outcome: _Outcome, report: InsertReport) -> None:
+        outcome.add("orders_inserted", report.inserted)
+        outcome.add("replayed_rows", report.replayed)
+        conflicts = report.replayed + len(report.duplicate_orders) + len(report.duplicate_commands)
+        outcome.add("conflicts_absorbed", conflicts)
+        outcome.add("duplicate_order_reached_db", len(report.duplicate_orders))
+        outcome.add("duplicate_command_reached_db", len(report.duplicate_commands))
+        outcome.add("rejected_rows", len(report.unexplained))
+        for order in report.duplicate_orders:
+            log.error("persister.duplicate_order_reached_db", row=_describe(order))
+        for order in report.duplicate_commands:
+            log.error("persister.duplicate_command_reached_db", row=_describe(order))
+        for order in report.unexplained:
+            log.error("persister.row_rejected", row=_describe(order), error="conflict not found")
+
+    def _count_fills(self, outcome: _Outcome, report: FillReport) -> None:
+        outcome.add("fills_inserted", report.inserted)
+        outcome.add("replayed_rows", report.replayed)
+        outcome.add("conflicts_absorbed", report.replayed + len(report.duplicates))
+        outcome.add("duplicate_fill_reached_db", len(report.duplicates))
+        for fill in report.duplicates:
+            log.error("persister.duplicate_fill_reached_db", row=_describe(fill))
+
+
+def _split(
+    ops: list[Op],
+) -> tuple[list[NewOrder], list[OrderChange], list[FillRow], list[LedgerRow], list[Flush]]:
+    orders: list[NewOrder] = []
+    latest: dict[str, OrderChange] = {}
+    fills: list[FillRow] = []
+    ledger: list[LedgerRow] = []
+    flushes: list[Flush] = []
+    for op in ops:
+        if isinstance(op, LedgerRow):
+            ledger.append(op)
+        elif isinstance(op, OrderChange):
+            latest[op.order_id] = op  # log order: the newest change per order wins
+        elif isinstance(op, NewOrder):
+            orders.append(op)
+        elif isinstance(op, FillRow):
+            fills.append(op)
+        else:
+            flushes.append(op)
+    return orders, list(latest.values()), fills, ledger, flushes
+
+
+def _write_order(ops: list[Op]) -> list[Op]:
+    """Inserts before the updates that may touch them, as in a batch."""
+    orders, changes, fills, ledger, flushes = _split(ops)
+    return [*orders, *changes, *fills, *ledger, *flushes]
+
+
+def _flush_answer(outcome: FlushOutcome) -> shard_pb2.ShardCommand:
+    flush = outcome.flush
+    if outcome.completed:
+        return answers.flush_complete(flush.user_id, flush.epoch, outcome.version)
+    return answers.flush_refused(flush.user_id, flush.epoch, outcome.reason)
+
+
+def _describe(op: Any) -> dict[str, Any]:
+    fields = getattr(op, "__slots__", ())
+    described = {name: getattr(op, name) for name in fields if name not in ("state",)}
+    described["kind"] = type(op).__name__
+    return described
