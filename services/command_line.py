@@ -18,6 +18,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("infra", "services.infra.command"),
     ("matcher", "services.matcher.command"),
     ("shard", "services.shard.command"),
+    ("persister", "persister.command"),
     ("bench", "services.bench.command"),
     ("gateway", "gateway.command"),
     ("client", "gateway.client_command"),
