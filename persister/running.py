@@ -8,9 +8,9 @@ from persister.cursor import read_cursor
 from persister.migrations import apply_migrations
 from persister.service import PersisterService
 from persister.settings import PersisterSettings
+from persister.shard_answers import ShardAnswers
 from persister.shard_lock import shard_lock
 from persister.store import Store
-from services.clients.shard_link import ShardLink
 from services.serving.service_host import ServiceHost
 
 log = structlog.get_logger(__name__)
@@ -24,7 +24,7 @@ async def serve(settings: PersisterSettings) -> None:
         pool_size=settings.pool_size,
         timeout_s=settings.startup_timeout_ms / 1000,
     )
-    link = ShardLink(settings.shard_address)
+    link = ShardAnswers(settings.shard_address)
     try:
         applied = await apply_migrations(store)
         log.info("persister.schema_ready", applied_now=applied)

@@ -15,7 +15,6 @@ import structlog
 
 from persister import answers, dedup_reads, egress_follower, grpc_api, hydration_reads
 from persister import write_behind as write_behind_module
-from persister.answers import AnswerSink
 from persister.counters import Counters
 from persister.dedup_reads import DedupReads
 from persister.egress_follower import EgressFollower
@@ -24,6 +23,7 @@ from persister.flushes import recent_flushes
 from persister.grpc_api import PersisterApi
 from persister.hydration_reads import HydrationReads
 from persister.settings import PersisterSettings
+from persister.shard_answers import ShardAnswers
 from persister.shard_lock import ShardLock
 from persister.store import Store
 from persister.unknown_users import UnknownUsers
@@ -47,7 +47,7 @@ class PersisterService:
         self,
         settings: PersisterSettings,
         store: Store,
-        shard: AnswerSink,
+        shard: ShardAnswers,
         lock: ShardLock,
         *,
         start_position: int,
@@ -141,8 +141,10 @@ class PersisterService:
         """Flush answers committed lately may have died with a broken stream: send them again.
 
         The shard drops those it already applied (stale epoch) and a lost one would
-        otherwise leave its user DEHYDRATING until the next activity.
+        otherwise leave its user DEHYDRATING until the next activity. The link is
+        renewed first, so nothing queued here meets a reader of the broken stream.
         """
+        await self.shard.renew()
         try:
             async with self.store.session() as session:
                 flushed = await recent_flushes(
