@@ -50,6 +50,11 @@ class PersisterClient:
                     gateway_pb2.GATEWAY_ERROR_REASON_USER_EXISTS,
                     f"user {new_user.user_id} already exists",
                 ) from error
+            if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                # The gateway's own checks should have caught it; pass the persister's word on.
+                raise GatewayError(
+                    gateway_pb2.GATEWAY_ERROR_REASON_INVALID_FIELD, error.details() or ""
+                ) from error
             raise self._unavailable("CreateUser", error) from error
 
     async def stored_user(self, user_id: int) -> persister_pb2.StoredUser:

@@ -100,9 +100,16 @@ class Gateway:
         counters["credential_cache_hits"] = credentials.hits
         counters["credential_cache_misses"] = credentials.misses
         counters["credential_lookups"] = credentials.lookups
-        link = self.router.routing.endpoints()[0].link
-        counters["shard_batches_sent"] = link.sent_batches
-        counters["shard_commands_sent"] = link.sent_commands
+        for endpoint in self.router.routing.endpoints():
+            counters["shard_batches_sent"] = (
+                counters.get("shard_batches_sent", 0) + endpoint.sent_batches
+            )
+            counters["shard_commands_sent"] = (
+                counters.get("shard_commands_sent", 0) + endpoint.sent_commands
+            )
+            counters["shard_links_replaced"] = (
+                counters.get("shard_links_replaced", 0) + endpoint.links_replaced
+            )
         info = {
             "shard": self.settings.shard_address,
             "persister": self.settings.persister_address,

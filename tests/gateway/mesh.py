@@ -1,0 +1,118 @@
+"""The mesh behind a gateway, as real processes: shard, matchers g1/g2, bridge, persister.
+
+`GatewayMesh` starts every process at once (imports cost about two seconds each,
+so they overlap), gives the persister a database of its own, and always reaps
+what it started. `new_gateway` adds another gateway on the same mesh (gateways
+keep no state, so any number can serve one shard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.client import AdminClient
+from services.markets.catalog import load_catalog
+from tests.bridge.bridge_process import BridgeProcess, service_status
+from tests.gateway.databases import drop_database, fresh_database
+from tests.gateway.gateway_process import ADMIN_KEY, ADMIN_SECRET, GatewayProcess
+from tests.matcher_service.matcher_process import MatcherProcess
+from tests.persister.persister_process import PersisterProcess
+from tests.service_process import ServiceProcess
+from tests.shard_service.shard_process import ShardProcess
+
+GROUPS = tuple(load_catalog(None).groups())
+
+
+@dataclass
+class GatewayMesh:
+    folder: Path
+    server_url: str
+    database_url: str
+    shard: ShardProcess
+    matchers: dict[str, MatcherProcess]
+    bridge: BridgeProcess
+    persister: PersisterProcess
+    gateway: GatewayProcess
+    extra: list[ServiceProcess] = field(default_factory=list)
+
+    @classmethod
+    def create(
+        cls,
+        folder: Path,
+        server_url: str,
+        *,
+        shard_environment: Mapping[str, str] | None = None,
+        gateway_environment: Mapping[str, str] | None = None,
+    ) -> GatewayMesh:
+        folder.mkdir(parents=True, exist_ok=True)
+        database_url = fresh_database(server_url)
+        shard = ShardProcess(folder / "shard", environment=shard_environment)
+        matchers = {
+            group: MatcherProcess(folder / f"matcher-{group}", group=group) for group in GROUPS
+        }
+        addresses = {group: process.address for group, process in matchers.items()}
+        bridge = BridgeProcess(folder / "bridge", shard_address=shard.address, matchers=addresses)
+        persister = PersisterProcess(
+            folder / "persister", shard_address=shard.address, database_url=database_url
+        )
+        gateway = GatewayProcess(
+            folder / "gateway",
+            shard_address=shard.address,
+            persister_address=persister.address,
+            matchers=addresses,
+            environment=gateway_environment,
+        )
+        return cls(folder, server_url, database_url, shard, matchers, bridge, persister, gateway)
+
+    def all(self) -> list[ServiceProcess]:
+        return [
+            self.shard,
+            *self.matchers.values(),
+            self.bridge,
+            self.persister,
+            self.gateway,
+            *self.extra,
+        ]
+
+    def start(self, *processes: ServiceProcess) -> None:
+        """Start `processes` (default: all) together and wait until each is SERVING."""
+        chosen = list(processes) or self.all()
+        try:
+            for process in chosen:
+                process.start()
+            for process in chosen:
+                process.wait_serving()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for process in self.all():
+            process.stop()
+        drop_database(self.server_url, self.database_url)
+
+    def new_gateway(
+        self, name: str, environment: Mapping[str, str] | None = None
+    ) -> GatewayProcess:
+        """Another gateway on this mesh (not started; reaped with the mesh)."""
+        gateway = GatewayProcess(
+            self.folder / name,
+            shard_address=self.shard.address,
+            persister_address=self.persister.address,
+            matchers={group: process.address for group, process in self.matchers.items()},
+            environment=environment,
+        )
+        self.extra.append(gateway)
+        return gateway
+
+    def admin(self, address: str | None = None) -> AdminClient:
+        return AdminClient(
+            address or self.gateway.address, api_key=ADMIN_KEY, api_secret=ADMIN_SECRET
+        )
+
+
+async def gateway_counters(address: str) -> dict[str, int]:
+    report = await service_status(address)
+    return dict(report.counters)
