@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import itertools
 import secrets
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
 
 import grpc
@@ -40,7 +41,12 @@ class ShardLink:
     def __init__(self, address: str) -> None:
         self.address = address
         self._channel: grpc.aio.Channel | None = None
-        self._queue: asyncio.Queue[shard_pb2.ShardCommand] = asyncio.Queue(MAX_QUEUED_COMMANDS)
+        # Commands wait here until a stream's request iterator takes them, and it takes
+        # them only to yield them at once: a stream that ended never holds one back.
+        self._pending: deque[shard_pb2.ShardCommand] = deque()
+        self._queued = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
         self._waiting: dict[int, asyncio.Future[shard_pb2.ShardResult]] = {}
         self._stream_task: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
@@ -58,7 +64,7 @@ class ShardLink:
         future: asyncio.Future[shard_pb2.ShardResult] = asyncio.get_running_loop().create_future()
         self._waiting[correlation_id] = future
         try:
-            await self._queue.put(command)
+            await self._enqueue(command)
             return await future
         finally:
             self._waiting.pop(correlation_id, None)
@@ -68,7 +74,14 @@ class ShardLink:
         self._ensure_stream()
         for command in commands:
             command.correlation_id = 0
-            await self._queue.put(command)
+            await self._enqueue(command)
+
+    async def _enqueue(self, command: shard_pb2.ShardCommand) -> None:
+        while len(self._pending) >= MAX_QUEUED_COMMANDS:
+            self._room.clear()
+            await self._room.wait()
+        self._pending.append(command)
+        self._queued.set()
 
     async def wait_broken(self) -> None:
         """Return once the current stream has broken.
@@ -101,11 +114,12 @@ class ShardLink:
     async def _run_stream(self) -> None:
         if self._channel is None:
             self._channel = mesh_channel(self.address)
+        ended = asyncio.Event()
         call = self._channel.stream_stream(
             EXECUTE_METHOD,
             request_serializer=None,
             response_deserializer=shard_pb2.ShardResultBatch.FromString,
-        )(self._batches())
+        )(self._batches(ended))
         try:
             async for batch in call:
                 for result in batch.results:
@@ -117,23 +131,44 @@ class ShardLink:
         except grpc.aio.AioRpcError as rpc_error:
             error = ShardUnavailableError(f"shard {self.address}: {rpc_error.code().name}")
         finally:
+            # A call that ended with an error does not stop its request iterator: tell it.
+            ended.set()
             call.cancel()
             self.breaks += 1
             self._broken.set()
         self._fail_waiting(error)
 
-    async def _batches(self) -> AsyncIterator[bytes]:
-        queue = self._queue
+    async def _batches(self, ended: asyncio.Event) -> AsyncIterator[bytes]:
+        pending = self._pending
         while True:
+            while not pending:
+                self._queued.clear()
+                if not await _first_of(self._queued, ended):
+                    return
+            if ended.is_set():
+                return
             batch = shard_pb2.ShardCommandBatch()
-            batch.commands.append(await queue.get())
-            while not queue.empty() and len(batch.commands) < MAX_COMMANDS_PER_BATCH:
-                batch.commands.append(queue.get_nowait())
+            commands = batch.commands
+            while pending and len(commands) < MAX_COMMANDS_PER_BATCH:
+                commands.append(pending.popleft())
+            if len(pending) < MAX_QUEUED_COMMANDS:
+                self._room.set()
             self.sent_batches += 1
-            self.sent_commands += len(batch.commands)
+            self.sent_commands += len(commands)
             yield batch.SerializeToString()
 
     def _fail_waiting(self, error: BaseException) -> None:
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(error)
+
+
+async def _first_of(wanted: asyncio.Event, ended: asyncio.Event) -> bool:
+    """Wait for `wanted` or `ended`; True if `wanted` came first (or both at once)."""
+    waits = [asyncio.ensure_future(wanted.wait()), asyncio.ensure_future(ended.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+    return wanted.is_set() and not ended.is_set()

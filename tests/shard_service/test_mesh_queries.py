@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from protos.oms.v1 import shard_pb2
-from services.clients.shard_link import ShardLink
+from services.clients.shard_link import ShardLink, ShardUnavailableError
 from tests.shard_service.shard_client import (
     USDT,
     ShardClient,
@@ -74,5 +74,27 @@ async def test_shard_link_batches_commands_and_returns_finals(
         assert link.sent_batches < link.sent_commands  # one loop turn, one batch
         again = await link.execute(limit_order(5, "l-0", price_ticks=PRICE, quantity_lots=1))
         assert again.duplicate and again.order_id == results[0].order_id
+    finally:
+        await link.close()
+
+
+async def test_shard_link_loses_nothing_queued_after_the_shard_restarts(
+    shard_process: ShardProcess,
+) -> None:
+    link = ShardLink(shard_process.address)
+    try:
+        await link.send([hydrate(8)])
+        assert (await link.execute(deposit(8, 1_000))).accepted
+        shard_process.kill()
+        with pytest.raises(ShardUnavailableError):
+            await link.execute(deposit(8, 1_000))
+        await link.wait_broken()
+        shard_process.start_serving()
+        # The first commands after the break: a mesh command (no answer to notice its loss)
+        # and a client command that only succeeds if the mesh command arrived first.
+        await link.send([hydrate(9)])
+        funded = await asyncio.wait_for(link.execute(deposit(9, 2_000)), 10)
+        assert funded.accepted and not funded.parked, funded
+        assert link.breaks >= 1
     finally:
         await link.close()
