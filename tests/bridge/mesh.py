@@ -41,6 +41,7 @@ class MeshProcesses:
         matcher_environment: Mapping[str, Mapping[str, str]] | None = None,
         bridge_environment: Mapping[str, str] | None = None,
     ) -> MeshProcesses:
+        folder.mkdir(parents=True, exist_ok=True)
         shard = ShardProcess(folder / "shard")
         matchers = {
             group: MatcherProcess(
