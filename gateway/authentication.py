@@ -24,7 +24,6 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 from opentelemetry import context as trace_context
-from opentelemetry.context import Context as TraceContext
 
 from gateway.credentials import CredentialDirectory, KeyHolder
 from gateway.errors import GatewayError
@@ -150,7 +149,11 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: GatewayErro
 
 
 class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Every OrderGateway and AdminGateway call passes here; health and status do not."""
+    """Every OrderGateway and AdminGateway call passes here; health and status do not.
+
+    Each method's handler is wrapped once and reused: the wrapper reads the call's
+    metadata from its context, so nothing is built per call but the call itself.
+    """
 
     def __init__(
         self,
@@ -161,43 +164,50 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.authenticator = authenticator
         self.counters = counters
         self.on_user_authenticated = on_user_authenticated
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
         method: str = details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:
+            return wrapped
+        handler = await continuation(details)
         if handler is None or not method.startswith((ORDER_SERVICE_PREFIX, ADMIN_SERVICE_PREFIX)):
             return handler
-        metadata = tuple(details.invocation_metadata or ())
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = wrapped
+        return wrapped
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        serializers = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._unary(method, metadata, handler.unary_unary, context_from_metadata(metadata)),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
+                self._unary(method, handler.unary_unary), **serializers
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._unary_stream(method, metadata, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
+                self._unary_stream(method, handler.unary_stream), **serializers
             )
         if handler.stream_stream is not None:
             return grpc.stream_stream_rpc_method_handler(
-                self._stream_stream(method, metadata, handler.stream_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
+                self._stream_stream(method, handler.stream_stream), **serializers
             )
         raise TypeError(f"the gateway serves no client-streaming call like {method}")
 
     # --- admission ------------------------------------------------------------------------
 
     async def _admit(
-        self, method: str, metadata: Sequence[tuple[str, Any]], request: Message | None
+        self, method: str, context: grpc.aio.ServicerContext[Any, Any], request: Message | None
     ) -> KeyHolder:
-        self.counters.add(f"requests.{method.rsplit('/', 1)[1]}")
+        self.counters.add(self._request_counter(method))
+        metadata = context.invocation_metadata() or ()
         holder = await self.authenticator.authenticate(method, metadata, request)
         if method.startswith(ADMIN_SERVICE_PREFIX):
             if not holder.admin:
@@ -210,7 +220,15 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             authorize_account(holder, getattr(request, "user_id", holder.user_id))
             self.on_user_authenticated(holder.user_id)
         caller.set(holder)
+        trace_parent = context_from_metadata(metadata)
+        if trace_parent is not None:
+            # The client's trace: spans the handler starts become its children.
+            trace_context.attach(trace_parent)
         return holder
+
+    @staticmethod
+    def _request_counter(method: str) -> str:
+        return "requests." + method.rsplit("/", 1)[1]
 
     def _failed(self, method: str, error: GatewayError) -> None:
         count_error(self.counters, error)
@@ -220,18 +238,11 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             )
 
     def _unary(
-        self,
-        method: str,
-        metadata: Sequence[tuple[str, Any]],
-        inner: Callable[[Any, Any], Awaitable[Any]],
-        trace_parent: TraceContext | None,
+        self, method: str, inner: Callable[[Any, Any], Awaitable[Any]]
     ) -> Callable[[Any, Any], Awaitable[Any]]:
         async def behaviour(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            if trace_parent is not None:
-                # The client's trace: spans the handler starts become its children.
-                trace_context.attach(trace_parent)
             try:
-                await self._admit(method, metadata, request)
+                await self._admit(method, context, request)
                 return await inner(request, context)
             except GatewayError as error:
                 self._failed(method, error)
@@ -240,16 +251,13 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return behaviour
 
     def _unary_stream(
-        self,
-        method: str,
-        metadata: Sequence[tuple[str, Any]],
-        inner: Callable[[Any, Any], AsyncIterator[Any]],
+        self, method: str, inner: Callable[[Any, Any], AsyncIterator[Any]]
     ) -> Callable[[Any, Any], AsyncIterator[Any]]:
         async def behaviour(
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             try:
-                await self._admit(method, metadata, request)
+                await self._admit(method, context, request)
                 async for response in inner(request, context):
                     yield response
             except GatewayError as error:
@@ -259,16 +267,13 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return behaviour
 
     def _stream_stream(
-        self,
-        method: str,
-        metadata: Sequence[tuple[str, Any]],
-        inner: Callable[[Any, Any], AsyncIterator[Any]],
+        self, method: str, inner: Callable[[Any, Any], AsyncIterator[Any]]
     ) -> Callable[[Any, Any], AsyncIterator[Any]]:
         async def behaviour(
             requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             try:
-                await self._admit(method, metadata, None)
+                await self._admit(method, context, None)
                 async for response in inner(requests, context):
                     yield response
             except GatewayError as error:

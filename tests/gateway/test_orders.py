@@ -138,3 +138,6 @@ async def test_status_counts_requests(shared_mesh: GatewayMesh, admin: AdminClie
     assert after["requests.GetBalances"] == before.get("requests.GetBalances", 0) + 1
     assert after["orders_accepted"] == before.get("orders_accepted", 0) + 1
     assert after["shard_commands_sent"] > before.get("shard_commands_sent", 0)
+    # The new key was read from the persister once; the second call was served from memory.
+    assert after["credential_lookups"] == before["credential_lookups"] + 1
+    assert after["credential_cache_hits"] >= before["credential_cache_hits"] + 1
