@@ -30,7 +30,7 @@ from persister.counters import Counters
 from persister.dedup_reads import DedupReads
 from persister.errors import EgressGapError
 from persister.hydration_reads import HydrationReads
-from persister.write_behind import WRITE_KINDS, WriteBehind
+from persister.write_buffer import WRITE_KINDS, WriteBuffer
 from protos.oms.v1 import shard_pb2
 from services.clients.channels import mesh_channel
 
@@ -49,7 +49,7 @@ class EgressFollower:
     def __init__(
         self,
         shard_address: str,
-        write_behind: WriteBehind,
+        buffer: WriteBuffer,
         hydrations: HydrationReads,
         dedup: DedupReads,
         counters: Counters,
@@ -57,7 +57,7 @@ class EgressFollower:
         on_connect: Callable[[], Awaitable[None]],
     ) -> None:
         self.shard_address = shard_address
-        self.write_behind = write_behind
+        self.buffer = buffer
         self.hydrations = hydrations
         self.dedup = dedup
         self.counters = counters
@@ -75,7 +75,7 @@ class EgressFollower:
             while True:
                 await channel.channel_ready()
                 await self.on_connect()
-                start = self.write_behind.complete_through + 1
+                start = self.buffer.complete_through + 1
                 self.counters.add("egress_connects")
                 log.info(
                     "persister.egress_subscribed", shard=self.shard_address, from_position=start
@@ -100,7 +100,7 @@ class EgressFollower:
                 finally:
                     call.cancel()
                 self.counters.add("egress_breaks")
-                self.write_behind.discard_incomplete()
+                self.buffer.discard_incomplete()
                 await asyncio.sleep(RETRY_DELAY_S)
         finally:
             await channel.close()
@@ -109,8 +109,8 @@ class EgressFollower:
         items = message.items
         if not items:
             return
-        await self.write_behind.wait_for_room()
-        write_behind = self.write_behind
+        buffer = self.buffer
+        await buffer.wait_for_room()
         for item in items:
             kind = item.WhichOneof("egress")
             position = item.stamp.position
@@ -121,9 +121,9 @@ class EgressFollower:
                 lookup = item.dedup_lookup
                 self.dedup.request(lookup.user_id, lookup.client_order_id, position)
             else:
-                write_behind.add(item)
+                buffer.add(item)
         last = items[-1].stamp.position
         self.received_through = last
         self.counters.add("egress_items", len(items))
         self.counters.add("egress_messages")
-        write_behind.mark_complete(last if len(items) < SHARD_ITEMS_PER_MESSAGE else last - 1)
+        buffer.mark_complete(last if len(items) < SHARD_ITEMS_PER_MESSAGE else last - 1)

@@ -23,13 +23,14 @@ INSERT INTO orders (order_id, user_id, client_order_id, symbol, side, order_type
     remaining_lots, shard_id, created_position, updated_position, accepted_at_ms)
 SELECT o.order_id, o.user_id, o.client_order_id, o.symbol, o.side, o.order_type,
     o.time_in_force, o.price_ticks, o.quantity_lots, o.quote_amount, o.status, o.filled_lots,
-    o.remaining_lots, $14::text, o.position, o.position, o.accepted_at_ms
+    o.remaining_lots, $14::text, o.position, o.updated_position, o.accepted_at_ms
 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::smallint[],
             $6::smallint[], $7::smallint[], $8::bigint[], $9::bigint[], $10::bigint[],
-            $11::smallint[], $12::bigint[], $13::bigint[], $15::bigint[], $16::bigint[])
+            $11::smallint[], $12::bigint[], $13::bigint[], $15::bigint[], $16::bigint[],
+            $17::bigint[])
      AS o(order_id, user_id, client_order_id, symbol, side, order_type, time_in_force,
           price_ticks, quantity_lots, quote_amount, status, filled_lots, remaining_lots,
-          position, accepted_at_ms)
+          position, accepted_at_ms, updated_position)
 ON CONFLICT DO NOTHING
 RETURNING order_id
 """
@@ -68,6 +69,7 @@ class NewOrder:
     status: int = 1  # PENDING
     filled_lots: int = 0
     remaining_lots: int = 0
+    updated_position: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,7 @@ async def insert_orders(
         shard_id,
         [o.position for o in orders],
         [o.accepted_at_ms for o in orders],
+        [max(o.updated_position, o.position) for o in orders],
     )
     inserted = {row["order_id"] for row in rows}
     report = InsertReport(inserted=len(rows))

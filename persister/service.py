@@ -28,6 +28,7 @@ from persister.shard_lock import ShardLock
 from persister.store import Store
 from persister.unknown_users import UnknownUsers
 from persister.write_behind import WriteBehind
+from persister.write_buffer import WriteBuffer
 from services.serving.service_host import ServicePlan
 
 log = structlog.get_logger(__name__)
@@ -67,15 +68,15 @@ class PersisterService:
             )
         )
         self.unknown = UnknownUsers(settings.unknown_user_ttl_ms, settings.max_unknown_users)
+        self.buffer = WriteBuffer(start_position, settings.max_buffered_rows)
         self.write_behind = WriteBehind(
             store,
             settings.shard_id,
             shard,
             self.counters,
-            start_position=start_position,
+            self.buffer,
             interval_ms=settings.write_interval_ms,
             max_rows_per_transaction=settings.max_rows_per_transaction,
-            max_buffered_rows=settings.max_buffered_rows,
         )
         self.hydrations = HydrationReads(
             store,
@@ -98,7 +99,7 @@ class PersisterService:
         )
         self.follower = EgressFollower(
             settings.shard_address,
-            self.write_behind,
+            self.buffer,
             self.hydrations,
             self.dedup,
             self.counters,
@@ -125,8 +126,9 @@ class PersisterService:
     def status(self) -> tuple[Mapping[str, int], Mapping[str, str]]:
         counters = self.counters.snapshot()
         counters["committed_position"] = self.write_behind.committed_through
-        counters["complete_position"] = self.write_behind.complete_through
-        counters["buffered_rows"] = self.write_behind.buffered()
+        counters["complete_position"] = self.buffer.complete_through
+        counters["buffered_rows"] = len(self.buffer)
+        counters["buffer_full_waits"] = self.buffer.full_waits
         counters["pending_hydrations"] = len(self.hydrations.pending)
         counters["pending_dedup_lookups"] = len(self.dedup.pending)
         counters["unknown_users_cached"] = len(self.unknown)

@@ -1,8 +1,7 @@
 """Write-behind: the shard's order, fill, ledger and flush egress, committed in batches.
 
-The egress follower `add`s items in log order and says how far the egress is
-complete (`complete_through`: every item at or before that position has been
-received). About every `interval_ms` one transaction writes what is complete:
+The egress follower fills the `WriteBuffer` in log order. About every
+`interval_ms` one transaction writes what is complete:
 orders inserted, order updates, fills, ledger rows, dehydration flushes (CAS),
 and the persister cursor moved to the last position written. So the cursor
 passes a position only once everything at or before it is committed, and a
@@ -14,8 +13,7 @@ write before their own position wait on `wait_committed`.
 A batch the database refuses (a CHECK, a value out of range) is written again
 row by row, each in a savepoint: the bad rows are counted in `rejected_rows`,
 logged and skipped, and the stream goes on. An unreachable database is retried
-with backoff while the buffer (bounded) holds the rows; the follower waits when
-it is full.
+with backoff while the buffer (bounded) holds the rows.
 """
 
 from __future__ import annotations
@@ -36,12 +34,11 @@ from persister.flushes import Flush, FlushOutcome, write_flushes
 from persister.order_rows import InsertReport, NewOrder, OrderChange, insert_orders, update_orders
 from persister.store import Session, Store
 from persister.trade_rows import FillReport, FillRow, LedgerRow, insert_fills, insert_ledger
+from persister.write_buffer import Op, WriteBuffer
 from protos.oms.v1 import shard_pb2
 
 log = structlog.get_logger(__name__)
 
-Op = NewOrder | OrderChange | FillRow | LedgerRow | Flush
-WRITE_KINDS = ("submit", "order_update", "fill", "ledger", "begin_dehydrate")
 FINAL_WRITE_S = 5.0
 MAX_RETRY_DELAY_S = 2.0
 
@@ -63,7 +60,6 @@ COUNTERS = (
     "flushes_completed",
     "flushes_replayed",
     "flushes_refused",
-    "buffer_full_waits",
 )
 
 
@@ -86,137 +82,24 @@ class WriteBehind:
         shard_id: str,
         shard: AnswerSink,
         counters: Counters,
+        buffer: WriteBuffer,
         *,
-        start_position: int,
         interval_ms: int,
         max_rows_per_transaction: int,
-        max_buffered_rows: int,
     ) -> None:
         self.store = store
         self.shard_id = shard_id
         self.shard = shard
         self.counters = counters
+        self.buffer = buffer
         self.interval_s = interval_ms / 1000
         self.max_rows_per_transaction = max_rows_per_transaction
-        self.max_buffered_rows = max_buffered_rows
-        self._ops: list[Op] = []
-        self._taken = 0  # ops at the front that a transaction in progress writes
-        self._open_orders: dict[str, NewOrder] = {}  # buffered, not taken: updates merge in
-        self._last_position = start_position
-        self._ledger_index = 0
-        self._complete_through = start_position
-        self._committed_through = start_position
+        self._committed_through = buffer.complete_through
         self._committed = asyncio.Condition()
-        self._work = asyncio.Event()
-        self._room = asyncio.Event()
-        self._room.set()
-
-    # --- the follower's side ------------------------------------------------------------
-
-    @property
-    def complete_through(self) -> int:
-        return self._complete_through
 
     @property
     def committed_through(self) -> int:
         return self._committed_through
-
-    def buffered(self) -> int:
-        return len(self._ops)
-
-    async def wait_for_room(self) -> None:
-        if not self._room.is_set():
-            self.counters.add("buffer_full_waits")
-            await self._room.wait()
-
-    def add(self, item: shard_pb2.ShardEgress) -> None:
-        """Buffer one write egress item; items arrive in log position order."""
-        position = item.stamp.position
-        if position < self._last_position or position <= self._complete_through:
-            raise RuntimeError(
-                f"egress position {position} after {self._last_position} "
-                f"(complete through {self._complete_through}): out of order"
-            )
-        if position != self._last_position:
-            self._last_position = position
-            self._ledger_index = 0
-        time_ms = item.stamp.consensus_time_ms
-        kind = item.WhichOneof("egress")
-        if kind == "ledger":
-            entry = item.ledger
-            self._append(
-                LedgerRow(
-                    position,
-                    self._ledger_index,
-                    entry.user_id,
-                    entry.account,
-                    entry.asset,
-                    entry.amount,
-                    entry.reference,
-                    time_ms,
-                )
-            )
-            self._ledger_index += 1
-        elif kind == "order_update":
-            self._add_update(item.order_update, position)
-        elif kind == "submit":
-            order = item.submit.order
-            new = NewOrder(
-                order.order_id,
-                order.user_id,
-                order.symbol,
-                int(order.side),
-                int(order.order_type),
-                int(order.time_in_force),
-                order.price_ticks,
-                order.quantity_lots,
-                order.quote_amount,
-                position,
-                time_ms,
-                remaining_lots=order.quantity_lots,
-            )
-            self._open_orders[new.order_id] = new
-            self._append(new)
-        elif kind == "fill":
-            fill = item.fill
-            self._append(
-                FillRow(
-                    fill.order_id,
-                    fill.trade_id,
-                    fill.user_id,
-                    fill.symbol,
-                    int(fill.side),
-                    fill.price_ticks,
-                    fill.quantity_lots,
-                    fill.fee,
-                    fill.maker,
-                    position,
-                    time_ms,
-                )
-            )
-        elif kind == "begin_dehydrate":
-            self._append(Flush.from_egress(item.begin_dehydrate, position))
-        else:
-            raise ValueError(f"not a write-behind egress kind: {kind}")
-
-    def mark_complete(self, position: int) -> None:
-        """Every item at or before `position` has been added."""
-        if position > self._complete_through:
-            self._complete_through = position
-            self._work.set()
-
-    def discard_incomplete(self) -> None:
-        """After a broken stream: forget items past the complete position (they come again)."""
-        keep = len(self._ops)
-        while keep > self._taken and self._ops[keep - 1].position > self._complete_through:
-            keep -= 1
-        for op in self._ops[keep:]:
-            if isinstance(op, NewOrder):
-                self._open_orders.pop(op.order_id, None)
-        del self._ops[keep:]
-        self._last_position = self._complete_through
-        self._ledger_index = 0
-        self._update_room()
 
     async def wait_committed(self, position: int) -> None:
         """Until every write at or before `position` is committed."""
@@ -225,45 +108,12 @@ class WriteBehind:
         async with self._committed:
             await self._committed.wait_for(lambda: self._committed_through >= position)
 
-    def _append(self, op: Op) -> None:
-        self._ops.append(op)
-        self._update_room()
-
-    def _add_update(self, update: shard_pb2.OrderUpdate, position: int) -> None:
-        order = self._open_orders.get(update.order_id)
-        if order is not None:
-            # Still buffered: the insert carries the newest state (the PENDING update of
-            # the admitting position brings the client order id).
-            if not order.client_order_id:
-                order.client_order_id = update.client_order_id
-            order.status = int(update.status)
-            order.filled_lots = update.filled_lots
-            order.remaining_lots = update.remaining_lots
-            return
-        self._append(
-            OrderChange(
-                update.order_id,
-                int(update.status),
-                update.filled_lots,
-                update.remaining_lots,
-                position,
-            )
-        )
-
-    def _update_room(self) -> None:
-        if len(self._ops) >= self.max_buffered_rows:
-            self._room.clear()
-        else:
-            self._room.set()
-
-    # --- the writer ---------------------------------------------------------------------
-
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         last_start = 0.0
         try:
             while True:
-                await self._work.wait()
+                await self.buffer.work.wait()
                 wait_s = last_start + self.interval_s - loop.time()
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
@@ -273,7 +123,7 @@ class WriteBehind:
             # Graceful stop: commit what is complete, briefly; the cursor covers the rest.
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(FINAL_WRITE_S):
-                    while self._complete_through > self._committed_through:
+                    while self.buffer.complete_through > self._committed_through:
                         await self._write_once()
             raise
 
@@ -290,13 +140,9 @@ class WriteBehind:
                 delay_s = min(delay_s * 2, MAX_RETRY_DELAY_S)
 
     async def _write_once(self) -> None:
-        through = self._complete_through
-        count = self._take(through)
-        ops = self._ops[:count]
-        if count < len(self._ops) and self._ops[count].position <= through:
-            through = ops[-1].position  # capped: the rest of the complete part goes next
+        ops, through = self.buffer.take(self.max_rows_per_transaction)
         if through <= self._committed_through and not ops:
-            self._work.clear()
+            self.buffer.release(0, through)
             return
         try:
             async with self.store.transaction() as session:
@@ -308,34 +154,15 @@ class WriteBehind:
                 outcome = await self._write_rows(session, ops)
                 await write_cursor(session, self.shard_id, through)
             outcome.add("batch_fallbacks")
-        self._committed_batch(count, through, outcome)
+        self.buffer.release(len(ops), through)
+        self._committed_through = max(self._committed_through, through)
+        self._count(outcome)
         if outcome.flushes:
             await self.shard.send([_flush_answer(flush) for flush in outcome.flushes])
         async with self._committed:
             self._committed.notify_all()
 
-    def _take(self, through: int) -> int:
-        """How many ops from the front the next transaction writes (whole positions only)."""
-        ops = self._ops
-        count = max(self._taken, 0)
-        cap = self.max_rows_per_transaction
-        while count < len(ops) and ops[count].position <= through:
-            if count >= cap and ops[count].position != ops[count - 1].position:
-                break
-            op = ops[count]
-            if isinstance(op, NewOrder):
-                self._open_orders.pop(op.order_id, None)
-            count += 1
-        self._taken = count
-        return count
-
-    def _committed_batch(self, count: int, through: int, outcome: _Outcome) -> None:
-        del self._ops[:count]
-        self._taken = 0
-        self._committed_through = max(self._committed_through, through)
-        if self._committed_through >= self._complete_through and not self._ops:
-            self._work.clear()
-        self._update_room()
+    def _count(self, outcome: _Outcome) -> None:
         self.counters.add("transactions")
         for name, amount in outcome.counts.items():
             self.counters.add(name, amount)

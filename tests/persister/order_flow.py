@@ -3,7 +3,9 @@
 Workers each own some users and loop: deposit, place a limit buy, then (under one
 lock, so matcher sequences reach the shard in order) its acceptance and full fill.
 Every order ends filled, so users go flat and idle ones get evicted and flushed
-while the load runs. Commands parked behind a hydration simply take longer.
+while the load runs. Commands parked behind a hydration simply take longer: when
+the persister died with a hydration read in flight, the shard asks again after 5 s
+of consensus time, so each command may wait up to `COMMAND_WAIT_S`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import itertools
 from collections.abc import Iterator, Sequence
 
+from protos.oms.v1 import shard_pb2
 from tests.shard_service.shard_client import (
     ShardClient,
     accepted_event,
@@ -22,6 +25,7 @@ from tests.shard_service.shard_client import (
 )
 
 PRICE = 6_500_000
+COMMAND_WAIT_S = 30.0
 # Client order ids and transfer ids stay unique across flows on one shard.
 _flows = itertools.count(1)
 
@@ -64,9 +68,9 @@ class OrderFlow:
                 await self._one_round(user, f"{self.flow_id}-{worker}-{round_number}-{user}")
 
     async def _one_round(self, user: int, tag: str) -> None:
-        (funded,) = await self.shard.run(deposit(user, 1_000_000_000, transfer_id=f"t-{tag}"))
+        funded = await self._execute(deposit(user, 1_000_000_000, transfer_id=f"t-{tag}"))
         assert funded.accepted, funded
-        (placed,) = await self.shard.run(
+        placed = await self._execute(
             limit_order(user, f"c-{tag}", price_ticks=PRICE, quantity_lots=1)
         )
         assert placed.accepted, placed
@@ -83,3 +87,8 @@ class OrderFlow:
             )
             await self.shard.run(matcher_events([accepted, fill]))
         self.rounds += 1
+
+    async def _execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
+        async with self.shard.execute() as stream:
+            stream.send(command)
+            return await stream.wait_final(command.correlation_id, timeout_s=COMMAND_WAIT_S)

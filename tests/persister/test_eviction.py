@@ -25,6 +25,8 @@ from tests.shard_service.shard_process import aio_channel
 PRICE = 6_500_000
 # Idle users are flushed after 1.5 s of consensus time; sweeps run every 50 ms.
 EVICTING_SHARD = {"OMS_SHARD_IDLE_TTL_MS": "1500", "OMS_SHARD_TIMER_MS": "50"}
+# Evictions take the TTL plus a sweep and a flush: generous on a busy machine.
+EVICTION_WAIT_S = 30.0
 
 
 @pytest.fixture
@@ -53,6 +55,7 @@ async def _begin_dehydrate(shard: ShardClient, user_id: int) -> shard_pb2.BeginD
     items = await shard.egress(
         ["begin_dehydrate"],
         until=lambda got: any(i.begin_dehydrate.user_id == user_id for i in got),
+        timeout_s=EVICTION_WAIT_S,
     )
     return next(i.begin_dehydrate for i in items if i.begin_dehydrate.user_id == user_id)
 
@@ -73,7 +76,9 @@ async def test_an_evicted_user_is_flushed_and_hydrates_back_to_the_same_state(
     await shard.run(matcher_events([accepted, fill]))
 
     begin = await _begin_dehydrate(shard, user)
-    await eventually(lambda: shard.actor(user), lambda view: not view.resident)
+    await eventually(
+        lambda: shard.actor(user), lambda view: not view.resident, timeout_s=EVICTION_WAIT_S
+    )
     assert begin.state.positions and begin.state.recent and begin.state.user_seq == 1
 
     async with sql(mesh.database_url) as connection:
@@ -114,8 +119,12 @@ async def test_a_stale_flush_is_refused_reported_and_never_written(
         await connection.execute("UPDATE users SET version = 5 WHERE user_id = $1", user)
         state_before = await connection.fetchval("SELECT state FROM users WHERE user_id = $1", user)
 
-    await eventually(persister.counters, lambda c: c["flushes_refused"] >= 1)
-    status = await eventually(shard.status, lambda s: s.counters["flushes_refused"] >= 1)
+    await eventually(
+        persister.counters, lambda c: c["flushes_refused"] >= 1, timeout_s=EVICTION_WAIT_S
+    )
+    status = await eventually(
+        shard.status, lambda s: s.counters["flushes_refused"] >= 1, timeout_s=EVICTION_WAIT_S
+    )
     assert status.counters["evictions_completed"] == 0
     view = await shard.actor(user)
     assert view.resident and view.state.db_version == 0
@@ -138,7 +147,9 @@ async def test_flush_answers_are_sent_again_after_a_reconnect(
     user = (await persister.create_user()).user_id
     (funded,) = await shard.run(deposit(user, 1_000, asset="USDT"))
     assert funded.accepted
-    await eventually(lambda: shard.actor(user), lambda view: not view.resident)
+    await eventually(
+        lambda: shard.actor(user), lambda view: not view.resident, timeout_s=EVICTION_WAIT_S
+    )
     mesh.persister.kill()
     mesh.persister.start_serving()
     async with aio_channel(mesh.persister.address) as channel:
