@@ -23,6 +23,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("gateway", "gateway.command"),
     ("client", "gateway.client_command"),
     ("bridge", "bridge.command"),
+    ("reconciler", "services.reconciler.command"),
 )
 
 

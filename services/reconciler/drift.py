@@ -1,0 +1,61 @@
+"""Where the matcher's open orders and the shard's index disagree, seen from outside.
+
+The shard alone decides and heals (services/shard/core/reconcile.py); this is
+only the reconciler's filter for which reports are worth logging. It names the
+same cases the shard heals or flags: an order open in the shard that the
+matcher does not hold (phantom), a PENDING order the matcher already rests
+(lost acceptance), an order the matcher holds that the shard does not know or
+holds with other remaining lots (impossible), and a reservation no open order
+backs (leak).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from protos.oms.v1 import common_pb2, matcher_pb2, shard_pb2
+
+GroupOf = Callable[[str], str | None]
+
+
+def group_drift(
+    view: shard_pb2.ActorView,
+    group: str,
+    snapshot: matcher_pb2.OpenOrdersSnapshot,
+    group_of: GroupOf,
+) -> str | None:
+    """Why the two sides disagree about the user's orders in `group`; None if they agree."""
+    listed = {state.order.order_id: state for state in snapshot.orders}
+    if not view.resident:
+        return f"{next(iter(listed))} rests at the matcher, user not resident" if listed else None
+    in_shard = {o.order_id: o for o in view.open_orders if group_of(o.symbol) == group}
+    for order_id, order in in_shard.items():
+        seen = listed.get(order_id)
+        if order.status == common_pb2.ORDER_STATUS_PENDING:
+            if seen is not None:
+                return f"{order_id} pending in the shard, resting at the matcher"
+            continue
+        if seen is None:
+            return f"{order_id} open in the shard, not at the matcher"
+        if seen.remaining_lots != order.remaining_lots:
+            return (
+                f"{order_id} has {order.remaining_lots} lots left in the shard, "
+                f"{seen.remaining_lots} at the matcher"
+            )
+    for order_id in listed:
+        if order_id not in in_shard:
+            return f"{order_id} rests at the matcher, unknown to the shard"
+    return None
+
+
+def leaked_reservation(view: shard_pb2.ActorView) -> str | None:
+    """An asset whose reservations are not all backed by open orders; None if all are."""
+    backed: Counter[str] = Counter()
+    for order in view.open_orders:
+        if order.reserved:
+            backed[order.reserved_asset] += order.reserved
+    for balance in view.state.balances:
+        if balance.reserved != backed[balance.asset]:
+            return f"{balance.asset}: {balance.reserved} reserved, {backed[balance.asset]} backed"
+    return None

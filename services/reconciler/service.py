@@ -1,0 +1,106 @@
+"""The reconciler of one user shard: periodic, capped drift sweeps (DESIGN.md section 6).
+
+Every `interval_ms` one round checks the next window of the shard's resident
+users against the matchers (see `sweep`) and sends the reports, batched, on a
+ShardLink; the shard defers each until it has applied the matcher sequence the
+report is as-of, then heals deterministically and counts what it healed
+(`reconcile_phantoms_closed`, `reconcile_reservations_released`,
+`reconcile_acceptances_healed`, `reconcile_impossible_states` in its status).
+A round that cannot reach the shard is counted and skipped; a report lost with
+a broken stream is sent again when the window comes round. The reconciler
+keeps no state: its cursor restarts at the first user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+
+import grpc
+import structlog
+
+from protos.oms.v1 import matcher_pb2_grpc, shard_pb2_grpc
+from services.clients.channels import mesh_channel
+from services.clients.matcher_directory import MatcherDirectory
+from services.clients.shard_link import ShardLink
+from services.reconciler.settings import ReconcilerSettings
+from services.reconciler.sweep import ReconcilerCounters, ReconcileSweep
+from services.serving.service_host import ServicePlan
+
+log = structlog.get_logger(__name__)
+
+
+class ReconcilerService:
+    def __init__(self, settings: ReconcilerSettings, directory: MatcherDirectory) -> None:
+        self.settings = settings
+        self.directory = directory
+        self.counters = ReconcilerCounters()
+        self.cursor = 0
+        self.last_round_ms = 0.0
+
+    async def run(self) -> None:
+        settings = self.settings
+        matcher_channels = {
+            group: mesh_channel(address) for group, address in self.directory.addresses.items()
+        }
+        link = ShardLink(settings.shard_address)
+        try:
+            async with mesh_channel(settings.shard_address) as shard_channel:
+                sweep = ReconcileSweep(
+                    shard=shard_pb2_grpc.UserShardStub(shard_channel),
+                    matchers={
+                        group: matcher_pb2_grpc.MatcherStub(channel)
+                        for group, channel in matcher_channels.items()
+                    },
+                    shard_id=settings.shard_id,
+                    group_of=self.directory.group_of,
+                    max_users=settings.max_users_per_round,
+                    max_concurrent=settings.max_concurrent_queries,
+                    only_on_drift=settings.report_only_on_drift,
+                    counters=self.counters,
+                )
+                while True:
+                    link = await self._round(sweep, link)
+                    await asyncio.sleep(settings.interval_ms / 1000)
+        finally:
+            await link.close()
+            for channel in matcher_channels.values():
+                await channel.close()
+
+    async def _round(self, sweep: ReconcileSweep, link: ShardLink) -> ShardLink:
+        """One round; the link to use next (a new one after the shard was unreachable)."""
+        started = time.monotonic()
+        try:
+            reports = await sweep.round()
+        except grpc.aio.AioRpcError as error:
+            self.counters.round_errors += 1
+            log.warning("reconciler.round_failed", error=error.code().name, details=error.details())
+            # A fresh link: the old stream may have broken with the shard.
+            await link.close()
+            return ShardLink(self.settings.shard_address)
+        if reports:
+            await link.send(reports)
+            self.counters.reports_sent += len(reports)
+        self.counters.rounds += 1
+        self.cursor = sweep.cursor
+        self.last_round_ms = (time.monotonic() - started) * 1000
+        return link
+
+    def status(self) -> tuple[Mapping[str, int], Mapping[str, str]]:
+        info = {
+            "shard_id": self.settings.shard_id,
+            "shard_address": self.settings.shard_address,
+            "cursor_user_id": str(self.cursor),
+            "last_round_ms": f"{self.last_round_ms:.1f}",
+        }
+        return self.counters.plain(), info
+
+    def plan(self) -> ServicePlan:
+        return ServicePlan(
+            name="reconciler",
+            service_names=(),
+            register=lambda server: None,
+            status=self.status,
+            loops=[self.run],
+        )
