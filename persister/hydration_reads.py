@@ -94,8 +94,8 @@ class HydrationReads:
 
     async def _read(self, users: list[int], newest: int) -> list[shard_pb2.ShardCommand]:
         await self.committed(newest - 1)
-        cached = [user for user in users if self.unknown.known_unknown(user)]
-        to_read = [user for user in users if user not in set(cached)]
+        cached = {user for user in users if self.unknown.known_unknown(user)}
+        to_read = [user for user in users if user not in cached]
         rows = {}
         generation = self.unknown.generation()
         if to_read:
