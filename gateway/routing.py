@@ -32,22 +32,16 @@ class ShardEndpoint:
         self.timeout_s = timeout_s
         self.counters = counters
         self.link = ShardLink(address)
-        self.links_replaced = 0
-        self._retired_batches = 0
-        self._retired_commands = 0
-        self._closing: set[asyncio.Task[None]] = set()
         self.channel = mesh_channel(address)
         self.stub = shard_pb2_grpc.UserShardStub(self.channel)
 
     async def execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
         """The command's final result; UNAVAILABLE / TIMEOUT errors say: retry, same ids."""
-        link = self.link
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await link.execute(command)
+                return await self.link.execute(command)
         except ShardUnavailableError as error:
             self.counters.add("shard_unavailable")
-            self._replace_broken(link)
             raise unavailable(str(error)) from error
         except TimeoutError as error:
             self.counters.add("shard_timeouts")
@@ -57,11 +51,11 @@ class ShardEndpoint:
 
     @property
     def sent_batches(self) -> int:
-        return self._retired_batches + self.link.sent_batches
+        return self.link.sent_batches
 
     @property
     def sent_commands(self) -> int:
-        return self._retired_commands + self.link.sent_commands
+        return self.link.sent_commands
 
     async def actor(self, user_id: int) -> shard_pb2.ActorView:
         try:
@@ -80,25 +74,6 @@ class ShardEndpoint:
         except grpc.aio.AioRpcError as error:
             raise self._query_failed("GetStatus", error) from error
         return int(status.applied_position)
-
-    def _replace_broken(self, link: ShardLink) -> None:
-        """A fresh link after a break: a broken link can lose the next command it queues.
-
-        The request iterator of a call that ended with an error is not cancelled by
-        `call.cancel()` (the call is already done), so it stays parked on the link's
-        queue and takes the next command to a dead call (found in the fault tests;
-        see the report on ShardLink). A new link has a queue of its own; the old one
-        is closed and dropped.
-        """
-        if self.link is not link:
-            return
-        self._retired_batches += link.sent_batches
-        self._retired_commands += link.sent_commands
-        self.link = ShardLink(self.address)
-        self.links_replaced += 1
-        closing = asyncio.get_running_loop().create_task(link.close())
-        self._closing.add(closing)
-        closing.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         await self.link.close()

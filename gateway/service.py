@@ -100,16 +100,10 @@ class Gateway:
         counters["credential_cache_hits"] = credentials.hits
         counters["credential_cache_misses"] = credentials.misses
         counters["credential_lookups"] = credentials.lookups
-        for endpoint in self.router.routing.endpoints():
-            counters["shard_batches_sent"] = (
-                counters.get("shard_batches_sent", 0) + endpoint.sent_batches
-            )
-            counters["shard_commands_sent"] = (
-                counters.get("shard_commands_sent", 0) + endpoint.sent_commands
-            )
-            counters["shard_links_replaced"] = (
-                counters.get("shard_links_replaced", 0) + endpoint.links_replaced
-            )
+        endpoints = self.router.routing.endpoints()
+        counters["shard_batches_sent"] = sum(endpoint.sent_batches for endpoint in endpoints)
+        counters["shard_commands_sent"] = sum(endpoint.sent_commands for endpoint in endpoints)
+        counters["shard_stream_breaks"] = sum(endpoint.link.breaks for endpoint in endpoints)
         info = {
             "shard": self.settings.shard_address,
             "persister": self.settings.persister_address,
