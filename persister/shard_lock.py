@@ -23,6 +23,10 @@ RETRY_S = 1.0
 CHECK_S = 1.0
 
 
+class StopRequestedError(Exception):
+    """The process was asked to stop while it waited for the lock."""
+
+
 class ShardLockLostError(RuntimeError):
     """The connection holding the shard's lock broke: another persister may take over."""
 
@@ -33,13 +37,19 @@ def lock_key(shard_id: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def shard_lock(store: Store, shard_id: str) -> AsyncIterator[ShardLock]:
-    """Hold the shard's lock for the block; waits while another persister holds it."""
+async def shard_lock(
+    store: Store, shard_id: str, stopping: asyncio.Event
+) -> AsyncIterator[ShardLock]:
+    """Hold the shard's lock for the block; waits while another persister holds it
+    (a standby), unless `stopping` is set first (StopRequestedError)."""
     async with store.session() as session:
         key = lock_key(shard_id)
         while not await session.fetchval("SELECT pg_try_advisory_lock($1)", key):
             log.warning("persister.shard_lock_busy", shard_id=shard_id, retry_in_s=RETRY_S)
-            await asyncio.sleep(RETRY_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), RETRY_S)
+            if stopping.is_set():
+                raise StopRequestedError(f"stopped while waiting for the lock of {shard_id}")
         log.info("persister.shard_lock_held", shard_id=shard_id)
         try:
             yield ShardLock(session, shard_id)

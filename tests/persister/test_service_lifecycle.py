@@ -56,11 +56,22 @@ async def test_a_second_persister_of_the_same_shard_waits_for_the_first(
         shard_address=mesh.shard.address,
         database_url=mesh.database_url,
     )
+    standby = PersisterProcess(
+        tmp_path / "standby-persister",
+        shard_address=mesh.shard.address,
+        database_url=mesh.database_url,
+    )
     try:
         second.start()
         _wait_for_log(second, "persister.shard_lock_busy")
         assert mesh.persister.terminate() == 0
         second.wait_serving()
         _wait_for_log(second, "persister.shard_lock_held")
+        # A standby asked to stop while it waits for the lock stops at once, cleanly.
+        standby.start()
+        _wait_for_log(standby, "persister.shard_lock_busy")
+        assert standby.terminate() == 0
+        _wait_for_log(standby, "persister.stopped_before_serving")
     finally:
         second.stop()
+        standby.stop()
