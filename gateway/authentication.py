@@ -133,6 +133,33 @@ class Authenticator:
         return holder
 
 
+class RefusalLog:
+    """Security refusals in the log, at most one line per reason per second.
+
+    A flood of bad requests must not become a flood of log lines; the counters
+    still count every refusal, and each line says how many it stands for.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._last: dict[int, tuple[float, int]] = {}  # reason -> (last line, refusals since)
+
+    def note(self, method: str, error: GatewayError) -> None:
+        now = self.clock()
+        last, since = self._last.get(error.reason, (float("-inf"), 0))
+        if now - last < 1.0:
+            self._last[error.reason] = (last, since + 1)
+            return
+        self._last[error.reason] = (now, 0)
+        log.info(
+            "gateway.refused",
+            method=method,
+            reason=error.reason_name,
+            detail=error.detail,
+            unlogged_since_last=since,
+        )
+
+
 def _headers(metadata: Sequence[tuple[str, Any]]) -> dict[str, str]:
     """The first value of each of our headers (text only; binary values are ignored)."""
     found: dict[str, str] = {}
@@ -165,6 +192,7 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.counters = counters
         self.on_user_authenticated = on_user_authenticated
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+        self.refusals = RefusalLog()
 
     async def intercept_service(
         self,

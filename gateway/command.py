@@ -10,10 +10,12 @@ import uvloop
 
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
+from services.clients.matcher_directory import MatcherDirectoryError
+from services.markets.catalog import MarketCatalogError
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing
 from services.serving.service_host import ServiceHost
-from services.settings import load_settings
+from services.settings import SettingsError, load_settings
 
 
 def register(subparsers: Any) -> None:
@@ -39,9 +41,12 @@ def register(subparsers: Any) -> None:
 
 
 async def serve(settings: GatewaySettings) -> None:
+    try:
+        gateway = Gateway(settings)
+    except (MatcherDirectoryError, MarketCatalogError, SettingsError) as error:
+        raise SystemExit(f"oms gateway: {error}") from error
     host = ServiceHost(settings.listen)
     host.install_signal_handlers()
-    gateway = Gateway(settings)
     try:
         await host.run(gateway.plan())
     finally:

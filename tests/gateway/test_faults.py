@@ -119,3 +119,15 @@ async def _place_or_none(client: OmsClient, client_order_id: str) -> gateway_pb2
         if error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return None
         raise
+
+
+async def test_sigterm_stops_the_gateway_cleanly(
+    shared_mesh: GatewayMesh, admin: AdminClient
+) -> None:
+    gateway = shared_mesh.new_gateway("gateway-stopped")
+    shared_mesh.start(gateway)
+    account = await open_account(admin, {"USDT": 10_000_000_000})
+    async with account.client(gateway.address) as client:
+        assert (await client.place_order(buy(client, "before-stop", 1))).accepted
+    assert gateway.terminate() == 0
+    assert "service.stopped" in gateway.log_tail()
