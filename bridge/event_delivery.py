@@ -1,11 +1,16 @@
 """Matcher events into the shard: `MatcherEvents` commands on the session's ShardLink.
 
-Each batch read from a matcher's Subscribe stream becomes one command (many
-events per command); the link puts every command queued in one loop turn into
-one `ShardCommandBatch` (many commands per batch). Delivery is at least once:
-the shard drops sequences it has already applied, so a resume that starts
-earlier than needed is harmless; the bridge never starts later than the
-shard's last applied sequence + 1 unless the matcher no longer has the events.
+Events read from a matcher's Subscribe stream become commands of many events
+each; the link puts every command queued in one loop turn into one
+`ShardCommandBatch` (many commands per batch, at most `MAX_COMMANDS_PER_BATCH`).
+The shard logs a batch as one entry and refuses an entry over its byte cap,
+so each command is cut at `shard_batch_bytes / MAX_COMMANDS_PER_BATCH`: even a
+full batch of them fits, however large a backlog the bridge is catching up on.
+
+Delivery is at least once: the shard drops sequences it has already applied,
+so a resume that starts earlier than needed is harmless; the bridge never
+starts later than the shard's last applied sequence + 1 unless the matcher no
+longer has the events.
 """
 
 from __future__ import annotations
@@ -14,25 +19,50 @@ from collections.abc import Sequence
 
 from bridge.statistics import BridgeStatistics
 from protos.oms.v1 import matcher_pb2, shard_pb2
-from services.clients.shard_link import ShardLink
+from services.clients.shard_link import MAX_COMMANDS_PER_BATCH, ShardLink
 
-MAX_EVENTS_PER_COMMAND = 2_000
+FIELD_OVERHEAD_BYTES = 8  # tag and length of an event, of a command, of the group name
 
 
 class EventDelivery:
-    def __init__(self, link: ShardLink, statistics: BridgeStatistics) -> None:
+    def __init__(
+        self, link: ShardLink, statistics: BridgeStatistics, *, shard_batch_bytes: int
+    ) -> None:
         self.link = link
         self.statistics = statistics
+        self.command_bytes = shard_batch_bytes // MAX_COMMANDS_PER_BATCH
+        if self.command_bytes < 512:
+            raise ValueError(f"shard batch budget of {shard_batch_bytes} bytes is too small")
+
+    def commands(
+        self, group: str, events: Sequence[matcher_pb2.MatcherEvent]
+    ) -> list[shard_pb2.ShardCommand]:
+        """`events` as MatcherEvents commands of at most `command_bytes` each (one at least)."""
+        commands: list[shard_pb2.ShardCommand] = []
+        budget = self.command_bytes - len(group) - 2 * FIELD_OVERHEAD_BYTES
+        current: list[matcher_pb2.MatcherEvent] = []
+        used = 0
+        for event in events:
+            size = event.ByteSize() + FIELD_OVERHEAD_BYTES
+            if current and used + size > budget:
+                commands.append(_command(group, current))
+                current, used = [], 0
+            current.append(event)
+            used += size
+        if current:
+            commands.append(_command(group, current))
+        return commands
 
     async def deliver(self, group: str, events: Sequence[matcher_pb2.MatcherEvent]) -> None:
         if not events:
             return
-        commands = []
-        for start in range(0, len(events), MAX_EVENTS_PER_COMMAND):
-            command = shard_pb2.ShardCommand()
-            command.matcher_events.matcher_group = group
-            command.matcher_events.events.extend(events[start : start + MAX_EVENTS_PER_COMMAND])
-            commands.append(command)
-        await self.link.send(commands)
+        await self.link.send(self.commands(group, events))
         self.statistics.counters.events_delivered += len(events)
         self.statistics.last_delivered[group] = events[-1].sequence
+
+
+def _command(group: str, events: list[matcher_pb2.MatcherEvent]) -> shard_pb2.ShardCommand:
+    command = shard_pb2.ShardCommand()
+    command.matcher_events.matcher_group = group
+    command.matcher_events.events.extend(events)
+    return command

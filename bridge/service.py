@@ -93,7 +93,9 @@ class BridgeService:
                 self._count_unroutable(snapshot)
                 for lane in self.lanes.values():
                     await lane.prepare(snapshot)
-                delivery = EventDelivery(link, self.statistics)
+                delivery = EventDelivery(
+                    link, self.statistics, shard_batch_bytes=self.settings.shard_batch_bytes
+                )
                 async with asyncio.TaskGroup() as tasks:
                     for group, lane in self.lanes.items():
                         first = snapshot.matcher_sequences.get(group, 0) + 1

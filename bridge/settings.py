@@ -35,6 +35,11 @@ class BridgeSettings:
         default=20_000,
         help="fresh commands waiting per matcher group before the egress reader waits",
     )
+    shard_batch_bytes: int = setting(
+        env="OMS_BRIDGE_SHARD_BATCH_BYTES",
+        default=3 * 1024 * 1024,
+        help="bytes of events in one batch to the shard, under the shard's entry cap (4 MiB)",
+    )
     backoff_initial_ms: int = setting(env="OMS_BRIDGE_BACKOFF_INITIAL_MS", default=100)
     backoff_max_ms: int = setting(env="OMS_BRIDGE_BACKOFF_MAX_MS", default=2_000)
     log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
