@@ -42,7 +42,7 @@ def signed_body(method: str, request: Message | None) -> bytes:
 
 def signature(secret: str, timestamp_ms: int, method: str, body: bytes) -> str:
     text = f"{timestamp_ms}\n{method}\n".encode() + body
-    return hmac.new(secret.encode(), text, hashlib.sha256).hexdigest()
+    return hmac.digest(secret.encode(), text, hashlib.sha256).hex()
 
 
 def signature_matches(expected_hex: str, offered_hex: str) -> bool:
