@@ -52,6 +52,7 @@ class TradeSession:
         self.unanswered = 0
         self.reading_done = False
         self.refusal: GatewayError | None = None
+        self.failure: BaseException | None = None  # a bug answering a request ends the stream
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(
@@ -60,6 +61,8 @@ class TradeSession:
         reader = asyncio.create_task(self._read(requests))
         try:
             while True:
+                if self.failure is not None:
+                    raise self.failure
                 if not self.ready:
                     if reader.done() and not reader.cancelled() and reader.exception():
                         raise reader.exception()  # type: ignore[misc]
@@ -135,6 +138,10 @@ class TradeSession:
                 response.cancel.CopyFrom(await self.cancel(request.cancel))
         except GatewayError as error:
             response = self._error(request.request_id, error)
+        except Exception as error:
+            self.failure = error  # raised by the writer: the stream fails, the client retries
+            self.changed.set()
+            return
         self._put(response)
 
     def _error(self, request_id: int, error: GatewayError) -> gateway_pb2.TradeResponse:
