@@ -18,7 +18,6 @@ are lost to this shard until the reconciler heals their effect.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import re
 
 import grpc
@@ -27,7 +26,7 @@ import structlog
 from bridge.backoff import Backoff
 from bridge.event_delivery import EventDelivery
 from bridge.statistics import BridgeStatistics
-from bridge.work_queue import WorkQueue, matcher_command
+from bridge.work_queue import Work, WorkQueue, add_command, saga_work
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
 from services.clients.channels import mesh_channel
 
@@ -71,13 +70,13 @@ class MatcherLane:
     async def prepare(self, snapshot: shard_pb2.InFlightSnapshot) -> None:
         """Open the queue and put the group's in-flight sagas at its front."""
         await self.queue.open()
-        commands = []
+        work: list[Work] = []
         for item in snapshot.items:
-            routed = matcher_command(item)
+            routed = saga_work(item)
             if routed is not None and routed[0] == self.group:
-                commands.append(routed[1])
-        await self.queue.redrive(commands)
-        self.statistics.counters.redriven += len(commands)
+                work.append(routed[1])
+        await self.queue.redrive(work)
+        self.statistics.counters.redriven += len(work)
 
     async def run(
         self,
@@ -134,21 +133,20 @@ class MatcherLane:
 
     async def _send_commands(self, call: grpc.aio.StreamStreamCall) -> None:
         counters = self.statistics.counters
-        correlation_ids = itertools.count(1)
+        correlation_id = 0
         while True:
-            commands = await self.queue.take(self.max_batch_commands)
             batch = matcher_pb2.MatcherCommandBatch()
+            work = await self.queue.take(self.max_batch_commands)
             submits = 0
-            for command in commands:
-                command.correlation_id = next(correlation_ids)
-                submits += command.HasField("submit")
-            batch.commands.extend(commands)
+            for item in work:
+                correlation_id += 1
+                submits += add_command(batch, item, correlation_id)
             try:
                 await call.write(batch)
             except asyncio.InvalidStateError as error:  # the call already finished
                 raise MatcherStreamEndedError(f"matcher {self.group} closed Execute") from error
             counters.submits_forwarded += submits
-            counters.cancels_forwarded += len(commands) - submits
+            counters.cancels_forwarded += len(work) - submits
 
     async def _read_results(self, call: grpc.aio.StreamStreamCall) -> None:
         counters = self.statistics.counters

@@ -9,7 +9,7 @@ import structlog
 
 from bridge.matcher_streams import MatcherLane
 from bridge.statistics import BridgeStatistics
-from bridge.work_queue import matcher_command
+from bridge.work_queue import Work, saga_work
 from protos.oms.v1 import shard_pb2, shard_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -33,20 +33,18 @@ async def follow_egress(
     )
     try:
         async for batch in call:
+            by_group: dict[str, list[Work]] = {}
             for item in batch.items:
-                routed = matcher_command(item)
-                if routed is None:
-                    continue
-                group, command = routed
+                routed = saga_work(item)
+                if routed is not None:
+                    by_group.setdefault(routed[0], []).append(routed[1])
+            for group, work in by_group.items():
                 lane = lanes.get(group)
                 if lane is None:
-                    counters.unroutable += 1
-                    log.error(
-                        "bridge.unroutable", matcher_group=group, position=item.stamp.position
-                    )
+                    counters.unroutable += len(work)
+                    log.error("bridge.unroutable", matcher_group=group, items=len(work))
                     continue
-                if not await lane.queue.offer(command):
-                    counters.shed_while_down += 1
+                counters.shed_while_down += await lane.queue.offer(work)
     except grpc.aio.AioRpcError as error:
         raise ShardStreamEndedError(f"shard egress stream: {error.code().name}") from error
     finally:

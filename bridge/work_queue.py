@@ -18,24 +18,42 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from protos.oms.v1 import matcher_pb2, shard_pb2
 
 
-def matcher_command(item: shard_pb2.ShardEgress) -> tuple[str, matcher_pb2.MatcherCommand] | None:
-    """(matcher group, command) for a SubmitToME / CancelToME egress item; None otherwise."""
+@dataclass(frozen=True, slots=True)
+class CancelWork:
+    order_id: str
+    user_id: int
+
+
+# A submit is the order itself, kept by reference into the egress batch it came in;
+# it is copied once, straight into the MatcherCommandBatch that sends it.
+Work = matcher_pb2.Order | CancelWork
+
+
+def saga_work(item: shard_pb2.ShardEgress) -> tuple[str, Work] | None:
+    """(matcher group, work) for a SubmitToME / CancelToME egress item; None otherwise."""
     kind = item.WhichOneof("egress")
     if kind == "submit":
-        command = matcher_pb2.MatcherCommand()
-        command.submit.order.CopyFrom(item.submit.order)
-        return item.submit.matcher_group, command
+        return item.submit.matcher_group, item.submit.order
     if kind == "cancel":
-        command = matcher_pb2.MatcherCommand()
-        command.cancel.order_id = item.cancel.order_id
-        command.cancel.user_id = item.cancel.user_id
-        return item.cancel.matcher_group, command
+        return item.cancel.matcher_group, CancelWork(item.cancel.order_id, item.cancel.user_id)
     return None
+
+
+def add_command(batch: matcher_pb2.MatcherCommandBatch, work: Work, correlation_id: int) -> bool:
+    """Append `work` to `batch` as one command; True for a submit."""
+    command = batch.commands.add(correlation_id=correlation_id)
+    if isinstance(work, CancelWork):
+        command.cancel.order_id = work.order_id
+        command.cancel.user_id = work.user_id
+        return False
+    command.submit.order.CopyFrom(work)
+    return True
 
 
 class WorkQueue:
@@ -45,8 +63,8 @@ class WorkQueue:
         self.group = group
         self.capacity = capacity
         self.is_open = False
-        self._redrive: deque[matcher_pb2.MatcherCommand] = deque()
-        self._fresh: deque[matcher_pb2.MatcherCommand] = deque()
+        self._redrive: deque[Work] = deque()
+        self._fresh: deque[Work] = deque()
         self._changed = asyncio.Condition()
 
     def __len__(self) -> int:
@@ -64,28 +82,32 @@ class WorkQueue:
             self._fresh.clear()
             self._changed.notify_all()
 
-    async def redrive(self, commands: Iterable[matcher_pb2.MatcherCommand]) -> None:
+    async def redrive(self, work: Iterable[Work]) -> None:
         async with self._changed:
-            self._redrive.extend(commands)
+            self._redrive.extend(work)
             self._changed.notify_all()
 
-    async def offer(self, command: matcher_pb2.MatcherCommand) -> bool:
-        """Queue a fresh command; False if the group is down (the command is shed)."""
+    async def offer(self, work: Sequence[Work]) -> int:
+        """Queue fresh work in order, waiting for room; how many items were shed (group down)."""
+        queued = 0
         async with self._changed:
-            await self._changed.wait_for(
-                lambda: not self.is_open or len(self._fresh) < self.capacity
-            )
-            if not self.is_open:
-                return False
-            self._fresh.append(command)
-            self._changed.notify_all()
-            return True
+            while queued < len(work):
+                await self._changed.wait_for(
+                    lambda: not self.is_open or len(self._fresh) < self.capacity
+                )
+                if not self.is_open:
+                    return len(work) - queued
+                room = self.capacity - len(self._fresh)
+                self._fresh.extend(work[queued : queued + room])
+                queued = min(len(work), queued + room)
+                self._changed.notify_all()
+        return 0
 
-    async def take(self, limit: int) -> list[matcher_pb2.MatcherCommand]:
-        """Wait for work; then up to `limit` commands, re-drives first."""
+    async def take(self, limit: int) -> list[Work]:
+        """Wait for work; then up to `limit` items, re-drives first."""
         async with self._changed:
             await self._changed.wait_for(lambda: bool(self._redrive or self._fresh))
-            taken: list[matcher_pb2.MatcherCommand] = []
+            taken: list[Work] = []
             for source in (self._redrive, self._fresh):
                 while source and len(taken) < limit:
                     taken.append(source.popleft())

@@ -7,7 +7,7 @@ import asyncio
 from bridge.event_delivery import EventDelivery
 from bridge.matcher_streams import oldest_retained
 from bridge.statistics import BridgeStatistics
-from bridge.work_queue import WorkQueue, matcher_command
+from bridge.work_queue import Work, WorkQueue, add_command, saga_work
 from protos.oms.v1 import matcher_pb2, shard_pb2
 from services.clients.shard_link import MAX_COMMANDS_PER_BATCH, ShardLink
 
@@ -50,48 +50,56 @@ def test_oldest_retained_is_read_from_the_matcher_status_details() -> None:
     assert oldest_retained(None) is None
 
 
-def _submit(order_id: str) -> matcher_pb2.MatcherCommand:
+def _submit(order_id: str) -> Work:
     item = shard_pb2.ShardEgress()
     item.submit.matcher_group = "g1"
     item.submit.order.order_id = order_id
-    routed = matcher_command(item)
+    routed = saga_work(item)
     assert routed is not None and routed[0] == "g1"
     return routed[1]
 
 
-def _cancel(order_id: str) -> matcher_pb2.MatcherCommand:
+def _cancel(order_id: str) -> Work:
     item = shard_pb2.ShardEgress()
     item.cancel.matcher_group = "g1"
     item.cancel.order_id = order_id
     item.cancel.user_id = 7
-    routed = matcher_command(item)
+    routed = saga_work(item)
     assert routed is not None
     return routed[1]
 
 
-def _ids(commands: list[matcher_pb2.MatcherCommand]) -> list[tuple[str, str]]:
-    return [
-        (kind, command.submit.order.order_id if kind == "submit" else command.cancel.order_id)
-        for command in commands
-        if (kind := command.WhichOneof("command")) is not None
-    ]
+def _ids(work: list[Work]) -> list[tuple[str, str]]:
+    batch = matcher_pb2.MatcherCommandBatch()
+    submits = [add_command(batch, item, number) for number, item in enumerate(work, 1)]
+    assert [c.correlation_id for c in batch.commands] == list(range(1, len(work) + 1))
+    ids: list[tuple[str, str]] = []
+    for command, submit in zip(batch.commands, submits, strict=True):
+        kind = command.WhichOneof("command")
+        assert (kind == "submit") == submit
+        ids.append((kind or "", command.submit.order.order_id or command.cancel.order_id))
+    return ids
 
 
 async def test_redriven_sagas_go_before_fresh_ones_and_a_closed_queue_sheds() -> None:
     queue = WorkQueue("g1", capacity=2)
-    assert not await queue.offer(_submit("x")), "closed: shed"
+    assert await queue.offer([_submit("x")]) == 1, "closed: shed"
     await queue.open()
-    assert await queue.offer(_cancel("a"))  # fresh, arrived before the re-drive
+    assert await queue.offer([_cancel("a")]) == 0  # fresh, arrived before the re-drive
     await queue.redrive([_submit("a"), _submit("b")])
     assert _ids(await queue.take(10)) == [("submit", "a"), ("submit", "b"), ("cancel", "a")]
-    assert matcher_command(shard_pb2.ShardEgress(result=shard_pb2.ShardResult())) is None
+    assert saga_work(shard_pb2.ShardEgress(result=shard_pb2.ShardResult())) is None
 
-    assert await queue.offer(_submit("c")) and await queue.offer(_submit("d"))
-    blocked = asyncio.create_task(queue.offer(_submit("e")))  # full: the reader waits
+    blocked = asyncio.create_task(queue.offer([_submit(name) for name in "cdef"]))
+    await asyncio.sleep(0)
+    assert not blocked.done(), "full after c and d: the egress reader waits"
+    assert _ids(await queue.take(1)) == [("submit", "c")]
     await asyncio.sleep(0)
     assert not blocked.done()
-    assert _ids(await queue.take(1)) == [("submit", "c")]
-    assert await blocked
+    assert _ids(await queue.take(3)) == [("submit", "d"), ("submit", "e")]
+    assert await blocked == 0
+    assert _ids(await queue.take(3)) == [("submit", "f")]
+    await queue.offer([_submit("g")])
     await queue.close()
     assert len(queue) == 0
     waiting = asyncio.create_task(queue.take(10))
