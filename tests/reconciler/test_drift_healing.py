@@ -181,6 +181,12 @@ async def test_events_past_retention_are_skipped_loudly_and_healed(
     await check_invariants(mesh, gaps_expected=True)
 
 
+@pytest.mark.parametrize(
+    # One user per round: the drifting user is the second, found once the window moves on.
+    "reconciled",
+    [{"reconciler_environment": {"OMS_RECONCILER_MAX_USERS": "1"}}],
+    indirect=True,
+)
 async def test_order_only_the_matcher_holds_is_flagged_impossible(
     reconciled: tuple[ReconciledMesh, MeshClients],
 ) -> None:
@@ -201,6 +207,11 @@ async def test_order_only_the_matcher_holds_is_flagged_impossible(
 
     status = await eventually(mesh.shard.status, flagged, timeout_s=15)
     assert status.counters["reconcile_phantoms_closed"] == before["reconcile_phantoms_closed"]
+    report = await eventually(
+        lambda: service_status(made.reconciler.address),
+        lambda report: report.counters["window_wraps"] >= 1,
+    )
+    assert report.counters["users_checked"] >= 2, report
     usdt = balance(await mesh.shard.actor(OTHER), USDT)
     assert (usdt.total, usdt.reserved) == (FUNDS, 0), "flagged, never guessed at"
 
