@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from gateway.account_queries import AccountQueries
 from gateway.admin_service import SERVICE_NAME as ADMIN_SERVICE
 from gateway.admin_service import AdminService
-from gateway.authentication import Authenticator, GatewayInterceptor
+from gateway.authentication import Authenticator
 from gateway.credentials import CredentialDirectory, KeyHolder
 from gateway.hydrate_ahead import HydrateAhead
+from gateway.interceptor import GatewayInterceptor
 from gateway.matcher_control import MatcherControl
 from gateway.order_service import SERVICE_NAME as ORDER_SERVICE
 from gateway.order_service import OrderService
