@@ -31,6 +31,7 @@ from services.clients.channels import mesh_channel
 EXECUTE_METHOD = "/oms.v1.UserShard/Execute"
 MAX_COMMANDS_PER_BATCH = 1_000
 MAX_QUEUED_COMMANDS = 50_000  # callers beyond this wait: backpressure, never a drop
+DEFAULT_LINGER_S = 0.0005
 
 
 class ShardUnavailableError(ConnectionError):
@@ -38,8 +39,9 @@ class ShardUnavailableError(ConnectionError):
 
 
 class ShardLink:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, linger_s: float = DEFAULT_LINGER_S) -> None:
         self.address = address
+        self.linger_s = linger_s
         self._channel: grpc.aio.Channel | None = None
         # Commands wait here until a stream's request iterator takes them, and it takes
         # them only to yield them at once: a stream that ended never holds one back.
@@ -141,10 +143,15 @@ class ShardLink:
     async def _batches(self, ended: asyncio.Event) -> AsyncIterator[bytes]:
         pending = self._pending
         while True:
-            while not pending:
-                self._queued.clear()
-                if not await _first_of(self._queued, ended):
-                    return
+            if not pending:
+                while not pending:
+                    self._queued.clear()
+                    if not await _first_of(self._queued, ended):
+                        return
+                # Unary callers arrive one per loop turn: a short linger after an idle spell
+                # lets a burst share one batch (one message, one log entry) instead of one each.
+                if self.linger_s > 0:
+                    await asyncio.sleep(self.linger_s)
             if ended.is_set():
                 return
             batch = shard_pb2.ShardCommandBatch()
