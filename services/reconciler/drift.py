@@ -7,6 +7,10 @@ matcher does not hold (phantom), a PENDING order the matcher already rests
 (lost acceptance), an order the matcher holds that the shard does not know or
 holds with other remaining lots (impossible), and a reservation no open order
 backs (leak).
+
+A disagreement is only worth a report when it is stable: the same on both
+sides at two looks a round apart (`group_fingerprint`). Orders and events in
+transit explain every unstable one.
 """
 
 from __future__ import annotations
@@ -59,3 +63,29 @@ def leaked_reservation(view: shard_pb2.ActorView) -> str | None:
         if balance.reserved != backed[balance.asset]:
             return f"{balance.asset}: {balance.reserved} reserved, {backed[balance.asset]} backed"
     return None
+
+
+Fingerprint = tuple[object, ...]
+
+
+def group_fingerprint(
+    view: shard_pb2.ActorView,
+    group: str,
+    snapshot: matcher_pb2.OpenOrdersSnapshot,
+    group_of: GroupOf,
+) -> Fingerprint:
+    """Both sides' state of the user's orders in `group`: equal fingerprints, nothing moved.
+
+    The matcher's `as_of_sequence` is left out: it counts every user's events.
+    """
+    at_matcher = sorted(
+        (state.order.order_id, state.status, state.remaining_lots, state.filled_lots)
+        for state in snapshot.orders
+    )
+    in_shard = sorted(
+        (o.order_id, o.status, o.remaining_lots, o.reserved, o.cancel_in_flight)
+        for o in view.open_orders
+        if group_of(o.symbol) == group
+    )
+    reserved = sorted((balance.asset, balance.reserved) for balance in view.state.balances)
+    return (view.resident, tuple(at_matcher), tuple(in_shard), tuple(reserved))

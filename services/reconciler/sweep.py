@@ -3,17 +3,22 @@
 Each round takes the next `max_users` resident users after the cursor
 (`ListUsers`, all of them, not only those with orders: a user with no open
 order can still have a phantom at the matcher or a leaked reservation) and
-wraps to the start at the end. For each user it reads the shard's actor and,
-per matcher group, the matcher's open orders of that user (`GetOpenOrders`,
-stamped `as_of_sequence`). A report is one `Reconcile` command per (user,
-group); the shard applies it once it has applied that sequence.
+wraps to the start at the end. For each user it reads, per matcher group, the
+matcher's open orders of that user (`GetOpenOrders`, stamped
+`as_of_sequence`), then the shard's actor. A report is one `Reconcile`
+command per (user, group); the shard applies it once it has applied that
+sequence.
 
-With `only_on_drift` (the default) a report is sent only where the two sides
-disagree, and still disagree when looked at again after the whole round (an
-event in transit explains most first disagreements). A report the shard
-applies after newer events of the same user could misjudge them, so fewer
-reports means fewer chances of that; without the filter every (user, group)
-is reported every round, as the bare design says.
+With `only_on_drift` (the default) a (user, group) is reported only when the
+two sides disagree and nothing moved on either side between two looks one
+round apart: the first look makes it a suspect, the next round looks again
+first. The shard applies a report as of its sequence but judges it against
+its index at the time it applies it, so a report on an actively trading user
+can close live orders (see the report of this issue); reporting only stable
+disagreements keeps that window to the few milliseconds between the second
+look and the shard applying the report. Without the filter every (user,
+group) is reported every round, as the bare design says: safe only while the
+shard ignores orders that moved after the report's sequence.
 """
 
 from __future__ import annotations
@@ -27,10 +32,17 @@ import grpc
 import structlog
 
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
-from services.reconciler.drift import GroupOf, group_drift, leaked_reservation
+from services.reconciler.drift import (
+    Fingerprint,
+    GroupOf,
+    group_drift,
+    group_fingerprint,
+    leaked_reservation,
+)
 
 log = structlog.get_logger(__name__)
 QUERY_TIMEOUT_S = 10.0
+MAX_LOOKS = 3  # looks at a suspect that keeps moving before it waits for the next pass
 T = TypeVar("T")
 
 
@@ -39,8 +51,9 @@ class ReconcilerCounters:
     rounds: int = 0
     users_checked: int = 0
     reports_sent: int = 0
-    users_drifting: int = 0  # disagreements seen at first look
-    drift_confirmed: int = 0  # (user, group) still disagreeing at the second look
+    users_drifting: int = 0  # users disagreeing at a first look: suspects for next round
+    drift_confirmed: int = 0  # (user, group) disagreeing, unchanged, at the second look
+    drift_unsettled: int = 0  # suspects still moving after MAX_LOOKS looks: left for later
     round_errors: int = 0  # rounds lost to the shard being unreachable
     matcher_errors: int = 0  # (user, group) checks skipped: that matcher was unreachable
     window_wraps: int = 0  # the cursor passed the last resident user
@@ -54,6 +67,8 @@ class UserFinding:
     user_id: int
     snapshots: dict[str, matcher_pb2.OpenOrdersSnapshot]
     drift: dict[str, str] = field(default_factory=dict)  # group -> reason
+    fingerprints: dict[str, Fingerprint] = field(default_factory=dict)  # group -> both sides
+    looks: int = 1
 
     def reports(self, groups: Iterable[str]) -> list[shard_pb2.ShardCommand]:
         commands = []
@@ -90,10 +105,19 @@ class ReconcileSweep:
         self.only_on_drift = only_on_drift
         self.counters = counters
         self.cursor = 0
+        self.suspects: dict[int, UserFinding] = {}  # user -> first look, checked next round
         self._slots = asyncio.Semaphore(max_concurrent)
 
     async def round(self) -> list[shard_pb2.ShardCommand]:
-        """Check the next window of users; the reports to send to the shard."""
+        """Look again at last round's suspects, then at the next window of users.
+
+        Returns the reports to send to the shard.
+        """
+        reports: list[shard_pb2.ShardCommand] = []
+        suspects, self.suspects = self.suspects, {}
+        if suspects:
+            for finding in await self._check(list(suspects)):
+                reports.extend(self._confirm(suspects[finding.user_id], finding))
         page = await self.shard.ListUsers(
             shard_pb2.UserPageRequest(after_user_id=self.cursor, limit=self.max_users),
             timeout=QUERY_TIMEOUT_S,
@@ -101,36 +125,50 @@ class ReconcileSweep:
         self.cursor = page.next_after_user_id
         if not self.cursor:
             self.counters.window_wraps += 1
-        users = list(page.user_ids)
+        users = [user for user in page.user_ids if user not in suspects]
         findings = await self._check(users)
         self.counters.users_checked += len(users)
         if not self.only_on_drift:
-            return [report for f in findings for report in f.reports(f.snapshots)]
-        suspects = [finding.user_id for finding in findings if finding.drift]
-        self.counters.users_drifting += len(suspects)
-        if not suspects:
-            return []
-        reports: list[shard_pb2.ShardCommand] = []
-        for finding in await self._check(suspects):
-            for group, reason in finding.drift.items():
-                log.warning(
-                    "reconciler.drift",
-                    user_id=finding.user_id,
-                    matcher_group=group,
-                    as_of_sequence=finding.snapshots[group].as_of_sequence,
-                    reason=reason,
-                )
-            self.counters.drift_confirmed += len(finding.drift)
-            reports.extend(finding.reports(finding.drift))
+            reports.extend(r for f in findings for r in f.reports(f.snapshots))
+            return reports
+        for finding in findings:
+            if finding.drift and len(self.suspects) < self.max_users:
+                self.counters.users_drifting += 1
+                self.suspects[finding.user_id] = finding
         return reports
+
+    def _confirm(self, first: UserFinding, second: UserFinding) -> list[shard_pb2.ShardCommand]:
+        """Reports for the groups that still disagree, unchanged since the first look."""
+        stable = {
+            group: reason
+            for group, reason in second.drift.items()
+            if first.fingerprints.get(group) == second.fingerprints[group]
+        }
+        if len(stable) < len(second.drift):
+            # Still moving: look again next round, a bounded number of times (a user who
+            # trades all the time is looked at again when the window comes round).
+            second.looks = first.looks + 1
+            if second.looks < MAX_LOOKS and len(self.suspects) < self.max_users:
+                self.suspects[second.user_id] = second
+            else:
+                self.counters.drift_unsettled += 1
+        for group, reason in stable.items():
+            log.warning(
+                "reconciler.drift",
+                user_id=second.user_id,
+                matcher_group=group,
+                as_of_sequence=second.snapshots[group].as_of_sequence,
+                reason=reason,
+            )
+        self.counters.drift_confirmed += len(stable)
+        return second.reports(stable)
 
     async def _check(self, users: Sequence[int]) -> list[UserFinding]:
         return list(await asyncio.gather(*(self._check_user(user) for user in users)))
 
     async def _check_user(self, user_id: int) -> UserFinding:
-        # The matcher first: an order it still lists then is either in the shard's index
-        # when the actor is read, or has left it through an event the matcher emitted
-        # after this snapshot (then the second look no longer sees a disagreement).
+        # The matcher first, then the shard: what the matcher lists is then either in the
+        # shard's index or on its way out through an event emitted after the snapshot.
         snapshots = await asyncio.gather(
             *(
                 self._bounded(self._open_orders(group, stub, user_id))
@@ -149,6 +187,7 @@ class ReconcileSweep:
             },
         )
         for group, snapshot in finding.snapshots.items():
+            finding.fingerprints[group] = group_fingerprint(view, group, snapshot, self.group_of)
             reason = group_drift(view, group, snapshot, self.group_of)
             if reason is not None:
                 finding.drift[group] = reason
