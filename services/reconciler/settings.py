@@ -37,7 +37,8 @@ class ReconcilerSettings:
     report_only_on_drift: bool = setting(
         env="OMS_RECONCILER_ONLY_ON_DRIFT",
         default=True,
-        help="send a report only where the matcher and the shard disagree twice in a round",
+        help="report only disagreements unchanged between two looks a round apart; "
+        "off reports every (user, group) every round: unsafe under load (see sweep.py)",
     )
     log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
 
