@@ -19,6 +19,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("matcher", "services.matcher.command"),
     ("shard", "services.shard.command"),
     ("persister", "persister.command"),
+    ("demo", "services.mesh.demo"),
     ("bench", "services.bench.command"),
     ("gateway", "gateway.command"),
     ("client", "gateway.client_command"),

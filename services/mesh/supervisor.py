@@ -25,6 +25,7 @@ class ChildSpec:
     name: str
     argv: Sequence[str]
     environment: dict[str, str] = field(default_factory=dict)
+    address: str = ""  # host:port its gRPC health answers on, if any
 
 
 class MeshFailedError(RuntimeError):

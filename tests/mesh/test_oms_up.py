@@ -1,4 +1,5 @@
-"""`oms up` (what `make run` runs) brings infrastructure up and stops cleanly on Ctrl-C."""
+"""`oms up` (what `make run` runs) brings the whole mesh up, `oms demo` trades on it, and
+Ctrl-C stops everything cleanly."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from services.infra.local_infra import LocalInfra, ServerState
 
@@ -42,7 +45,8 @@ def _wait_for(lines: queue.Queue[str], needle: str, seen: list[str], deadline_s:
     raise AssertionError(f"{needle!r} not printed; output so far:\n{''.join(seen)}")
 
 
-def test_oms_up_starts_infra_and_stops_on_interrupt(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     environment = {
         key: value
@@ -62,9 +66,22 @@ def test_oms_up_starts_infra_and_stops_on_interrupt(tmp_path: Path) -> None:
     try:
         lines = _lines(process)
         _wait_for(lines, "press Ctrl-C", seen, 60)
-        _wait_for(lines, '"event": "service.serving"', seen, 60)
+        _wait_for(lines, "[mesh] all services serving", seen, 90)
         running = {status.name: status.state for status in LocalInfra(state_dir).status()}
         assert running == {"etcd": ServerState.RUNNING, "postgres": ServerState.RUNNING}
+        demo = subprocess.run(
+            [sys.executable, "-m", "services.command_line", "demo", "--state-dir", str(state_dir)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=environment,
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert "alice   update ORDER_STATUS_FILLED" in demo.stdout, demo.stdout
+        assert "USDT  total           80,461.00 USDT" in demo.stdout, demo.stdout
+        assert "bob     update ORDER_STATUS_CANCELLED" in demo.stdout, demo.stdout
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
         _wait_for(lines, "[mesh] stopped", seen, 10)

@@ -1,0 +1,76 @@
+"""Where the local mesh listens and its admin credentials: `state_dir/mesh.json`.
+
+`oms up` writes it before starting the services (ports chosen free, reused on the
+next `oms up` while still free), and `oms demo` / `oms client` read it to find the
+gateway. The admin secret is generated once per state folder; the file is 0600.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from services.infra.ports import LOOPBACK, free_port, port_is_free
+
+RECORD_NAME = "mesh.json"
+SHARD_ID = "s1"
+
+
+@dataclass(frozen=True)
+class MeshRecord:
+    gateway: str
+    shard: str
+    persister: str
+    bridge: str
+    reconciler: str
+    matchers: dict[str, str] = field(default_factory=dict)  # group -> address
+    admin_api_key: str = ""
+    admin_api_secret: str = ""
+    shard_id: str = SHARD_ID
+
+    def matcher_setting(self) -> str:
+        return ",".join(f"{group}={address}" for group, address in self.matchers.items())
+
+
+def read_mesh_record(state_dir: Path) -> MeshRecord | None:
+    path = state_dir / RECORD_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return MeshRecord(**data)
+
+
+def prepare_mesh_record(state_dir: Path, groups: list[str]) -> MeshRecord:
+    """The previous record's ports where still free, new free ports otherwise."""
+    previous = read_mesh_record(state_dir)
+
+    def address(old: str | None) -> str:
+        if old:
+            port = int(old.rsplit(":", 1)[1])
+            if port_is_free(LOOPBACK, port):
+                return old
+        return f"{LOOPBACK}:{free_port()}"
+
+    old_matchers = previous.matchers if previous else {}
+    record = MeshRecord(
+        gateway=address(previous.gateway if previous else None),
+        shard=address(previous.shard if previous else None),
+        persister=address(previous.persister if previous else None),
+        bridge=address(previous.bridge if previous else None),
+        reconciler=address(previous.reconciler if previous else None),
+        matchers={group: address(old_matchers.get(group)) for group in groups},
+        admin_api_key=previous.admin_api_key if previous else "admin-" + secrets.token_hex(4),
+        admin_api_secret=previous.admin_api_secret if previous else secrets.token_hex(32),
+    )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / RECORD_NAME
+    temporary = path.with_suffix(".tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        json.dump(asdict(record), out, indent=2)
+    temporary.replace(path)
+    return record
