@@ -20,6 +20,10 @@ TARGETS: dict[str, tuple[str, str]] = {
         "services.bench.matcher_bench",
         "orders/s through the pure matching core: engine only, and from batch bytes",
     ),
+    "e2e": (
+        "services.bench.e2e_bench",
+        "orders/s and ack latency through the whole mesh vs the row-lock baseline",
+    ),
 }
 
 

@@ -1,0 +1,120 @@
+"""A whole local mesh for a benchmark: `oms up` on a throwaway state folder.
+
+Started as a child process exactly as `make run` starts it (separate service
+processes under the supervisor, embedded etcd and PostgreSQL), found through
+`state_dir/mesh.json`, and stopped with SIGINT like a developer's Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.infra.local_infra import LocalInfra
+from services.mesh.mesh_record import MeshRecord, read_mesh_record
+
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 60.0
+
+
+class MeshLaunchError(RuntimeError):
+    pass
+
+
+class LaunchedMesh:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.log_path = state_dir / "mesh.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.record: MeshRecord | None = None
+        self.database_url = ""
+
+    def __enter__(self) -> LaunchedMesh:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        environment = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in ("OMS_ETCD_ENDPOINTS", "OMS_DATABASE_URL")
+        }
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "services.command_line",
+                    "up",
+                    "--state-dir",
+                    str(self.state_dir),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environment,
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.process is not None and self.process.poll() is not None:
+                raise MeshLaunchError(f"oms up exited; see {self.log_path}")
+            if time.monotonic() > deadline:
+                raise MeshLaunchError(
+                    f"mesh not serving in {START_TIMEOUT_S:g} s; see {self.log_path}"
+                )
+            record = read_mesh_record(self.state_dir)
+            if record is not None and all(
+                _serving(address)
+                for address in (
+                    record.gateway,
+                    record.shard,
+                    record.persister,
+                    record.bridge,
+                    *record.matchers.values(),
+                )
+            ):
+                self.record = record
+                self.database_url = LocalInfra(self.state_dir).up().database_url
+                return
+            time.sleep(0.2)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        LocalInfra(self.state_dir).down()
+
+
+def _serving(address: str) -> bool:
+    try:
+        with grpc.insecure_channel(address) as channel:
+            response = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1.0
+            )
+    except grpc.RpcError:
+        return False
+    return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
