@@ -89,16 +89,18 @@ class MatcherLane:
         try:
             while True:
                 try:
-                    if from_sequence is None:
-                        # Open before the snapshot: a fresh item is then either queued or
-                        # still in flight in the snapshot, never shed and missing from both.
-                        await self.queue.open()
-                        snapshot = await shard.GetInFlight(
-                            shard_pb2.InFlightRequest(), timeout=IN_FLIGHT_TIMEOUT_S
-                        )
-                        await self.prepare(snapshot)
-                        from_sequence = snapshot.matcher_sequences.get(self.group, 0) + 1
-                    await self._serve(delivery, from_sequence)
+                    async with mesh_channel(self.address) as channel:
+                        await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+                        if from_sequence is None:
+                            # Open before the snapshot: a fresh item is then either queued or
+                            # still in flight in the snapshot, never shed and missing from both.
+                            await self.queue.open()
+                            snapshot = await shard.GetInFlight(
+                                shard_pb2.InFlightRequest(), timeout=IN_FLIGHT_TIMEOUT_S
+                            )
+                            await self.prepare(snapshot)
+                            from_sequence = snapshot.matcher_sequences.get(self.group, 0) + 1
+                        await self._serve(channel, delivery, from_sequence)
                 except* (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as failure:
                     log.warning(
                         "bridge.matcher_connection_lost",
@@ -115,21 +117,21 @@ class MatcherLane:
             self.statistics.connected[self.group] = False
             await self.queue.close()
 
-    async def _serve(self, delivery: EventDelivery, from_sequence: int) -> None:
-        async with mesh_channel(self.address) as channel:
-            await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
-            self.backoff.reset()
-            self.statistics.connected[self.group] = True
-            log.info("bridge.matcher_connected", group=self.group, from_sequence=from_sequence)
-            stub = matcher_pb2_grpc.MatcherStub(channel)
-            call = stub.Execute()
-            try:
-                async with asyncio.TaskGroup() as tasks:
-                    tasks.create_task(self._send_commands(call))
-                    tasks.create_task(self._read_results(call))
-                    tasks.create_task(self._follow_events(stub, delivery, from_sequence))
-            finally:
-                call.cancel()
+    async def _serve(
+        self, channel: grpc.aio.Channel, delivery: EventDelivery, from_sequence: int
+    ) -> None:
+        self.backoff.reset()
+        self.statistics.connected[self.group] = True
+        log.info("bridge.matcher_connected", group=self.group, from_sequence=from_sequence)
+        stub = matcher_pb2_grpc.MatcherStub(channel)
+        call = stub.Execute()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._send_commands(call))
+                tasks.create_task(self._read_results(call))
+                tasks.create_task(self._follow_events(stub, delivery, from_sequence))
+        finally:
+            call.cancel()
 
     async def _send_commands(self, call: grpc.aio.StreamStreamCall) -> None:
         counters = self.statistics.counters

@@ -8,14 +8,15 @@ both sides, and the mesh invariants hold.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from tests.bridge.mesh import MeshClients, MeshProcesses, mesh_clients
+from tests.bridge.mesh import SHARD_ID, MeshClients, MeshProcesses, mesh_clients
 from tests.bridge.mesh_checks import check_invariants, check_orders_agree, wait_quiet
 from tests.bridge.order_load import ShardOrderLoad, funding
 from tests.service_process import ServiceProcess
+from tests.shard_service.shard_client import eventually
 
 pytestmark = pytest.mark.slow
 USERS = (31, 32, 33, 34)
@@ -37,7 +38,11 @@ async def running(
 
 
 async def _run_with_fault(
-    mesh: MeshClients, process: ServiceProcess, address: str, seed: int
+    mesh: MeshClients,
+    process: ServiceProcess,
+    address: str,
+    seed: int,
+    while_down: Callable[[], Awaitable[None]] | None = None,
 ) -> ShardOrderLoad:
     """Kill `process` mid-load, keep the load going while it is gone, restart it."""
     load = ShardOrderLoad(address, USERS, seed=seed)
@@ -49,6 +54,8 @@ async def _run_with_fault(
             await load.wait_retries(DURING_FAULT)  # nothing is accepted while it is gone
         else:
             await load.wait_accepted(len(load.accepted) + DURING_FAULT)
+        if while_down is not None:
+            await while_down()
         await asyncio.to_thread(process.start_serving)
         await load.wait_accepted(len(load.accepted) + AFTER_FAULT)
     finally:
@@ -76,7 +83,18 @@ async def test_matcher_kill_9_resumes_from_sequence(
     running: tuple[MeshProcesses, MeshClients],
 ) -> None:
     processes, mesh = running
-    await _run_with_fault(mesh, processes.matchers["g1"], processes.shard.address, seed=2)
+    g2 = mesh.matchers["g2"]
+
+    async def g2_keeps_trading() -> None:
+        # g1 is down: only its lane waits; SOL-USDT orders still reach g2 and come back.
+        assert not processes.matchers["g1"].running()
+        before = await g2.last_sequence(SHARD_ID)
+        await eventually(lambda: g2.last_sequence(SHARD_ID), lambda last: last > before + 10)
+        assert not processes.matchers["g1"].running()
+
+    await _run_with_fault(
+        mesh, processes.matchers["g1"], processes.shard.address, 2, g2_keeps_trading
+    )
     status = await mesh.bridge_status()
     assert status.counters["reconnects"] >= 1, status
     assert status.counters["redriven"] >= 1, status
