@@ -87,3 +87,24 @@ def test_deferred_reports_are_bounded() -> None:
         driver.run(driver.reconcile(user_id, "g1", 10, []))
     stats = driver.machine.statistics()
     assert stats.deferred_reconciles == 2 and stats.counter("reconciles_dropped") == 1
+
+
+def test_a_report_older_than_the_users_last_event_is_stale_and_changes_nothing() -> None:
+    driver = ShardDriver()
+    driver.resident(1, USDT=100_000)
+    first = driver.accepted_order(1, "first")
+    as_of = driver.sequences["g1"]  # the matcher's snapshot is taken here, listing `first`
+    second = driver.accepted_order(1, "second")  # accepted after the snapshot
+    before = driver.machine.state_hash()
+    # Judged against today's index, the report would close `second` as a phantom.
+    out = driver.run(driver.reconcile(1, "g1", as_of, [_open(first)]))
+    assert not of_type(out, OrderUpdate) and not of_type(out, RiskAlert)
+    actor = driver.machine.actor(1)
+    assert actor is not None and set(actor.orders) == {first, second}
+    assert _counter(driver, "reconciles_stale") == 1
+    assert _counter(driver, "reconcile_phantoms_closed") == 0
+    assert driver.machine.state_hash() == before
+    fresh = driver.run(
+        driver.reconcile(1, "g1", driver.sequences["g1"], [_open(first), _open(second)])
+    )
+    assert not of_type(fresh, OrderUpdate) and _counter(driver, "reconciles_applied") == 2

@@ -79,6 +79,7 @@ class UserActor:
         "digest",
         "dirty",
         "epoch",
+        "event_sequences",
         "failures",
         "health",
         "last_active_ms",
@@ -124,6 +125,9 @@ class UserActor:
         self.recency_seq = 0
         self.failures: list[int] = []  # consensus times of recent supervised failures
         self.dedup_wait: DedupWait | None = None
+        # Matcher group -> sequence of the last event of this user's orders applied: a
+        # reconcile report as-of an earlier sequence no longer describes this user.
+        self.event_sequences: dict[str, int] = {}
         self.digest = 0  # this actor's term in the shard's set-hash
         self.dirty = False
 

@@ -1,7 +1,10 @@
 """Reconciliation: the matcher's open orders for one user against the shard's index.
 
 Applied only once this shard has applied the matcher group's sequence the
-report is as-of (before that, the report would see fills still in flight);
+report is as-of (before that, the report would see fills still in flight), and
+only to a user none of whose orders had an event after that sequence (after
+it, the report describes a past the index has moved on from: it is stale and
+counted, and the next round's report is judged instead);
 until then it waits, at most `max_deferred_reconciles` of them (the oldest
 is dropped beyond that: the reconciler sends another report next round).
 
@@ -71,6 +74,11 @@ class ReconcileEngine:
                 self._impossible(
                     command.user_id, listed_order.order_id, "user holds no orders", out
                 )
+            return
+        if actor.event_sequences.get(command.matcher_group, 0) > command.as_of_sequence:
+            # The user's orders moved after the matcher's snapshot: judging today's index by
+            # it would close live orders. The reconciler reports again next round.
+            counters.reconciles_stale += 1
             return
         changed = False
         for order in list(actor.orders.values()):

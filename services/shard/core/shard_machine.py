@@ -423,6 +423,8 @@ class ShardMachine:
                 return
             self.hydration.park(event.user_id, ParkedEvent(group, event), now, out)
             return
+        actor.event_sequences[group] = event.sequence
+        state.mark_dirty(actor)
         mark = len(out)
         try:
             self.settlement.apply(actor, event, now, out)

@@ -40,7 +40,7 @@ from services.shard.core.risk import NO_LIMITS, RiskLimits
 from services.shard.core.shard_state import ParkedEvent, ParkedItem, PendingHydration, ShardState
 from services.shard.core.statistics import SweepStatistics
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: actors keep their last matcher event sequences
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -134,6 +134,7 @@ def actor_plain(actor: UserActor) -> tuple[Any, ...]:
             wait.requested_at_ms,
             tuple(item_plain(command) for command in wait.parked),
         ),
+        tuple(actor.event_sequences.items()),
     )
 
 
@@ -161,6 +162,7 @@ def actor_from_plain(data: tuple[Any, ...]) -> UserActor:
         recency_seq,
         failures,
         wait,
+        event_sequences,
     ) = data
     actor = UserActor(user_id, epoch, last_active_ms, TokenBucket(*bucket))
     actor.db_version = db_version
@@ -176,6 +178,7 @@ def actor_from_plain(data: tuple[Any, ...]) -> UserActor:
         rebuilt = OpenOrder.from_plain(order)
         actor.orders[rebuilt.order_id] = rebuilt
     actor.open_by_client = dict(open_by_client)
+    actor.event_sequences = dict(event_sequences)
     actor.positions = {symbol: Position(*p) for symbol, p in positions}
     actor.recent = dict(recent)
     actor.transfers = dict(transfers)

@@ -55,6 +55,7 @@ COUNTER_NAMES = (
     "reconciles_applied",
     "reconciles_deferred",
     "reconciles_dropped",
+    "reconciles_stale",
     "reconcile_phantoms_closed",
     "reconcile_reservations_released",
     "reconcile_acceptances_healed",
@@ -116,6 +117,7 @@ class ShardCounters:
     reconciles_applied: int
     reconciles_deferred: int
     reconciles_dropped: int
+    reconciles_stale: int
     reconcile_phantoms_closed: int
     reconcile_reservations_released: int
     reconcile_acceptances_healed: int
