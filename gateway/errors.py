@@ -71,9 +71,8 @@ def timed_out(detail: str) -> GatewayError:
 
 
 def slow_consumer(detail: str) -> GatewayError:
-    # The contract has no reason for this yet (no trailer is sent): RESOURCE_EXHAUSTED alone.
     return GatewayError(
-        gateway_pb2.GATEWAY_ERROR_REASON_UNSPECIFIED,
+        gateway_pb2.GATEWAY_ERROR_REASON_SLOW_CONSUMER,
         detail,
         code=grpc.StatusCode.RESOURCE_EXHAUSTED,
     )

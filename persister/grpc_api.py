@@ -3,8 +3,8 @@
 Errors are gRPC status codes with the machine-readable reason (a
 `PersisterErrorReason` name) in the trailing metadata key `x-oms-reason`:
 ALREADY_EXISTS/USER_EXISTS, NOT_FOUND/UNKNOWN_KEY or UNKNOWN_ORDER,
-INVALID_ARGUMENT (reason UNSPECIFIED: the contract has no reason for bad input
-yet), UNAVAILABLE when PostgreSQL cannot be reached. A refused call changes nothing.
+INVALID_ARGUMENT/INVALID_FIELD (the detail names the field), UNAVAILABLE when
+PostgreSQL cannot be reached. A refused call changes nothing.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class PersisterApi:
     ) -> persister_pb2.CreatedUser:
         problem = new_user_problem(request)
         if problem:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _UNSPECIFIED, problem)
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, problem)
         try:
             created = await create_user(self.store, request)
         except UserExistsError as error:
@@ -71,7 +71,9 @@ class PersisterApi:
         self, request: persister_pb2.CredentialQuery, context: Context
     ) -> persister_pb2.Credential:
         if not request.api_key:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _UNSPECIFIED, "api_key is empty")
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, "api_key is empty"
+            )
         async with self.store.session() as session:
             row = await read_credential(session, request.api_key)
         self.counters.add("credential_reads")
@@ -86,7 +88,7 @@ class PersisterApi:
     ) -> persister_pb2.StoredUser:
         if not 0 < request.user_id <= INT64_MAX:
             await abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, _UNSPECIFIED, "user_id out of range"
+                context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, "user_id out of range"
             )
         async with self.store.session() as session:
             rows = await read_users(session, [request.user_id])
@@ -103,7 +105,7 @@ class PersisterApi:
     ) -> persister_pb2.StoredOrder:
         if not request.order_id:
             await abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, _UNSPECIFIED, "order_id is empty"
+                context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, "order_id is empty"
             )
         async with self.store.session() as session:
             row = await read_order(session, request.order_id)
@@ -119,7 +121,7 @@ class PersisterApi:
             await abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
-                _UNSPECIFIED,
+                _INVALID_FIELD,
                 f"at most {MAX_PREFETCH_USERS} users per prefetch",
             )
         wanted = [user for user in dict.fromkeys(request.user_ids) if 0 < user <= INT64_MAX]
@@ -172,6 +174,7 @@ class PersisterApi:
 
 
 _UNSPECIFIED = persister_pb2.PERSISTER_ERROR_REASON_UNSPECIFIED
+_INVALID_FIELD = persister_pb2.PERSISTER_ERROR_REASON_INVALID_FIELD
 _USER_EXISTS = persister_pb2.PERSISTER_ERROR_REASON_USER_EXISTS
 _UNKNOWN_KEY = persister_pb2.PERSISTER_ERROR_REASON_UNKNOWN_KEY
 _UNKNOWN_ORDER = persister_pb2.PERSISTER_ERROR_REASON_UNKNOWN_ORDER

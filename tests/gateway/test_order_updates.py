@@ -102,6 +102,7 @@ async def test_a_slow_subscriber_is_disconnected_and_others_keep_up(
             while True:
                 await idle.next()
         assert cut_off.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert cut_off.value.reason == "GATEWAY_ERROR_REASON_SLOW_CONSUMER"
         counters = await eventually(
             lambda: gateway_counters(gateway.address), lambda c: c["stream_subscribers"] == 1
         )

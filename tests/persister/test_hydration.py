@@ -123,12 +123,15 @@ async def test_accounts_credentials_and_error_reasons(
     with pytest.raises(grpc.aio.AioRpcError) as bad_tier:
         await persister.create_user(tier=9)
     assert bad_tier.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert reason_of(bad_tier.value) == "PERSISTER_ERROR_REASON_INVALID_FIELD"
     with pytest.raises(grpc.aio.AioRpcError) as bad_limit:
         await persister.create_user(limits=shard_pb2.RiskLimits(max_open_orders=-1))
     assert bad_limit.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert reason_of(bad_limit.value) == "PERSISTER_ERROR_REASON_INVALID_FIELD"
     with pytest.raises(grpc.aio.AioRpcError) as too_big:
         await persister.create_user(1 << 63)
     assert too_big.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert reason_of(too_big.value) == "PERSISTER_ERROR_REASON_INVALID_FIELD"
 
     stored = await persister.stored_user(500)
     assert stored.known and stored.state.user_id == 500 and stored.state.db_version == 0
