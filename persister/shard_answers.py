@@ -1,13 +1,10 @@
 """The persister's line to the shard's ingress: the shared `ShardLink`, renewed on reconnect.
 
-`ShardLink` keeps one Execute stream and reconnects on the next send. When its
-stream broke, the previous call's request poller is still parked on the link's
-queue and takes the first batch queued after the break with it (see the report
-of issue 5). The persister renews the link each time it finds the shard again,
-before it re-sends anything, so the answers that matter most (flush answers of a
-shard that restarted) never go into a queue with a stale reader. Answers lost
-while the shard was away are covered anyway: hydrations and dedup lookups are
-asked again by the shard, and recent flush answers are re-sent after renewing.
+Answers sent on a stream that broke may not have reached the shard's log, and
+`ShardLink.send` cannot say which did. So each time the persister finds the
+shard again it starts a fresh link and re-sends what matters (recent flush
+answers; the shard drops the ones it already applied as stale). Hydrations and
+dedup lookups need nothing: the shard asks again after its redrive interval.
 """
 
 from __future__ import annotations
