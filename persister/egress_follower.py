@@ -5,10 +5,9 @@ One `SubscribeEgress` stream carries the kinds the persister acts on. Reads
 loop; writes (orders, fills, ledger rows, flushes) go to the write-behind
 buffer, which blocks this loop only while it is full (backpressure).
 
-Completeness: a position's items may span two stream messages, because the shard
-splits its messages at `SHARD_ITEMS_PER_MESSAGE` items wherever that falls. So
-the last position of a full message counts as complete only once a later
-position shows up; in any shorter message every position is complete.
+Completeness: the shard never splits one position's items across two stream
+messages (shard.proto, `SubscribeEgress`), so every position in a message is
+complete when the message arrives.
 
 When the stream breaks (the shard restarted or the network failed) the follower
 drops what it got past the complete position, waits for the shard's channel to
@@ -39,7 +38,6 @@ log = structlog.get_logger(__name__)
 SUBSCRIBE_METHOD = "/oms.v1.UserShard/SubscribeEgress"
 KINDS = ("hydrate_request", "dedup_lookup", *WRITE_KINDS)
 # EGRESS_PER_MESSAGE in services/shard/service.py: a message this long may end mid-position.
-SHARD_ITEMS_PER_MESSAGE = 2_000
 RETRY_DELAY_S = 0.2
 
 COUNTERS = ("egress_items", "egress_messages", "egress_connects", "egress_breaks")
@@ -126,4 +124,4 @@ class EgressFollower:
         self.received_through = last
         self.counters.add("egress_items", len(items))
         self.counters.add("egress_messages")
-        buffer.mark_complete(last if len(items) < SHARD_ITEMS_PER_MESSAGE else last - 1)
+        buffer.mark_complete(last)

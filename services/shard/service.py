@@ -37,6 +37,7 @@ from services.shard.core.actor import UserActor
 from services.shard.core.codec import egress_to_protobufs
 from services.shard.core.egress import ShardResult, SubmitToMatcher
 from services.shard.core.shard_machine import ShardMachine
+from services.shard.egress_frames import EgressFrames
 from services.shard.result_router import ResultRouter, Stamped
 from services.shard.tick_mailbox import TickMailbox
 
@@ -67,6 +68,7 @@ class ShardServicer:
         self.saturation_dwell_ms = saturation_dwell_ms
         self.router = ResultRouter()
         self.marks = TickMailbox()
+        self.frames = EgressFrames()
         self.saturation_alerts = 0
         self._durable = asyncio.Condition()
 
@@ -169,23 +171,25 @@ class ShardServicer:
 
     async def subscribe_egress(
         self, request: shard_pb2.EgressSubscription, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[shard_pb2.ShardEgressBatch]:
-        kinds = set(request.kinds)
+    ) -> AsyncIterator[bytes]:
+        kinds = frozenset(request.kinds)
         start = max(1, request.from_position)
         try:
             async for record in self.host.feed.subscribe(start):
-                batch = shard_pb2.ShardEgressBatch()
-                for position, item in record.items:
+                chunk: list[bytes] = []
+                previous = 0
+                for position, kind, frame in self.frames.of(record):
                     if position < start:
                         continue  # a resume inside a multi-entry record: already delivered
-                    for message in egress_to_protobufs(item, position, record.consensus_time_ms):
-                        if not kinds or message.WhichOneof("egress") in kinds:
-                            batch.items.append(message)
-                    if len(batch.items) >= EGRESS_PER_MESSAGE:
-                        yield batch
-                        batch = shard_pb2.ShardEgressBatch()
-                if batch.items:
-                    yield batch
+                    # Split only between positions' items, never inside one position.
+                    if position != previous and len(chunk) >= EGRESS_PER_MESSAGE:
+                        yield b"".join(chunk)
+                        chunk = []
+                    previous = position
+                    if not kinds or kind in kinds:
+                        chunk.append(frame)
+                if chunk:
+                    yield b"".join(chunk)
         except EgressWindowExceededError as error:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(error))
 
@@ -326,7 +330,7 @@ class ShardServicer:
             "SubscribeEgress": grpc.unary_stream_rpc_method_handler(
                 self.subscribe_egress,
                 request_deserializer=shard_pb2.EgressSubscription.FromString,
-                response_serializer=shard_pb2.ShardEgressBatch.SerializeToString,
+                response_serializer=None,  # ready wire bytes (EgressFrames)
             ),
             "GetInFlight": unary(
                 self.get_in_flight,
