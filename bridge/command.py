@@ -13,6 +13,7 @@ from bridge.settings import BridgeSettings
 from services.clients.matcher_directory import MatcherDirectory
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
+from services.observability.tracing import configure_tracing
 from services.serving.service_host import ServiceHost
 from services.settings import load_settings
 
@@ -33,9 +34,9 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-async def serve(settings: BridgeSettings) -> None:
+async def serve(settings: BridgeSettings, *, traced: bool) -> None:
     directory = MatcherDirectory.parse(settings.matchers, load_catalog(settings.markets_file))
-    service = BridgeService(settings, directory)
+    service = BridgeService(settings, directory, traced=traced)
     host = ServiceHost(settings.listen)
     host.install_signal_handlers()
     await host.run(service.plan())
@@ -51,5 +52,6 @@ def run(arguments: argparse.Namespace) -> int:
         },
     )
     configure_logging(f"bridge-{settings.shard_id}", settings.log_level)
-    uvloop.run(serve(settings))
+    tracing = configure_tracing("oms-bridge")
+    uvloop.run(serve(settings, traced=bool(tracing.otlp_endpoint)))
     return 0

@@ -4,7 +4,9 @@ A `MatcherLane` owns, per connection to its group: one `Matcher/Execute`
 stream that carries the group's work queue in `MatcherCommandBatch`es (all that
 is ready in one loop turn, capped), a reader of its results (counted, never
 trusted: the truth comes from events), and one `Subscribe` stream for this
-shard's events, delivered to the shard.
+shard's events, delivered to the shard. When the bridge exports traces, an
+order the gateway sampled goes to the matcher on a short call of its own
+instead (`order_traces`), so that the matcher's span can join the order's trace.
 
 Any break (matcher restart, stream error) closes the connection and the work
 queue; after a backoff the lane starts again from a fresh `GetInFlight`: it
@@ -25,6 +27,7 @@ import structlog
 
 from bridge.backoff import Backoff
 from bridge.event_delivery import EventDelivery
+from bridge.order_traces import OrderTraces
 from bridge.statistics import BridgeStatistics
 from bridge.work_queue import Work, WorkQueue, add_command, saga_work
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
@@ -57,6 +60,7 @@ class MatcherLane:
         max_batch_commands: int,
         backoff: Backoff,
         statistics: BridgeStatistics,
+        traced: bool = False,
     ) -> None:
         self.group = group
         self.address = address
@@ -65,6 +69,8 @@ class MatcherLane:
         self.max_batch_commands = max_batch_commands
         self.backoff = backoff
         self.statistics = statistics
+        # Only a bridge that exports spans sends sampled orders on calls of their own.
+        self.traces = OrderTraces(group, statistics) if traced else None
         statistics.connected[group] = False
 
     async def prepare(self, snapshot: shard_pb2.InFlightSnapshot) -> None:
@@ -125,20 +131,32 @@ class MatcherLane:
         log.info("bridge.matcher_connected", group=self.group, from_sequence=from_sequence)
         stub = matcher_pb2_grpc.MatcherStub(channel)
         call = stub.Execute()
+        if self.traces is not None:
+            self.traces.connection_started()
         try:
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._send_commands(call))
+                tasks.create_task(self._send_commands(call, stub, tasks))
                 tasks.create_task(self._read_results(call))
                 tasks.create_task(self._follow_events(stub, delivery, from_sequence))
         finally:
             call.cancel()
 
-    async def _send_commands(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _send_commands(
+        self,
+        call: grpc.aio.StreamStreamCall,
+        stub: matcher_pb2_grpc.MatcherStub,
+        tasks: asyncio.TaskGroup,
+    ) -> None:
         counters = self.statistics.counters
+        traces = self.traces
         correlation_id = 0
         while True:
             batch = matcher_pb2.MatcherCommandBatch()
             work = await self.queue.take(self.max_batch_commands)
+            if traces is not None:
+                work = await traces.divert(work, stub, tasks)
+                if not work:
+                    continue
             submits = 0
             for item in work:
                 correlation_id += 1
@@ -164,6 +182,7 @@ class MatcherLane:
         self, stub: matcher_pb2_grpc.MatcherStub, delivery: EventDelivery, from_sequence: int
     ) -> None:
         counters = self.statistics.counters
+        traces = self.traces
         next_sequence = from_sequence
         while True:
             call = stub.Subscribe(
@@ -172,7 +191,10 @@ class MatcherLane:
             try:
                 async for batch in call:
                     if batch.events:
+                        spans = traces.returning(batch.events) if traces is not None else ()
                         await delivery.deliver(self.group, batch.events)
+                        if spans:
+                            OrderTraces.delivered(spans)
                         next_sequence = batch.events[-1].sequence + 1
             except grpc.aio.AioRpcError as error:
                 oldest = oldest_retained(error.details())

@@ -17,6 +17,10 @@ Leadership: DESIGN.md runs the bridge leader-only under an etcd lease. In this
 issue there is exactly one bridge per shard and no lease: a second bridge would
 only duplicate submits (absorbed by the matcher's dedup) and events (dropped by
 the shard), never money, but it is not a supported deployment.
+
+Marks: the bridge also carries each group's last trade prices to the shard's
+risk (`mark_feed`), on streams of their own that never hold up the order flow.
+Traces: see `order_traces` (sampled orders only).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import structlog
 
 from bridge.backoff import Backoff
 from bridge.event_delivery import EventDelivery
+from bridge.mark_feed import MarkFeed
 from bridge.matcher_streams import CONNECT_TIMEOUT_S, IN_FLIGHT_TIMEOUT_S, MatcherLane
 from bridge.settings import BridgeSettings
 from bridge.shard_feed import follow_egress
@@ -43,7 +48,9 @@ log = structlog.get_logger(__name__)
 
 
 class BridgeService:
-    def __init__(self, settings: BridgeSettings, directory: MatcherDirectory) -> None:
+    def __init__(
+        self, settings: BridgeSettings, directory: MatcherDirectory, *, traced: bool = False
+    ) -> None:
         self.settings = settings
         self.statistics = BridgeStatistics()
         self.backoff = Backoff(settings.backoff_initial_ms, settings.backoff_max_ms)
@@ -56,9 +63,17 @@ class BridgeService:
                 max_batch_commands=settings.max_batch_commands,
                 backoff=Backoff(settings.backoff_initial_ms, settings.backoff_max_ms),
                 statistics=self.statistics,
+                traced=traced,
             )
             for group, address in sorted(directory.addresses.items())
         }
+        self.marks = MarkFeed(
+            settings.shard_address,
+            directory.addresses,
+            self.statistics,
+            backoff_initial_ms=settings.backoff_initial_ms,
+            backoff_max_ms=settings.backoff_max_ms,
+        )
 
     async def run(self) -> None:
         """Shard sessions, one after another, until cancelled."""
@@ -125,5 +140,5 @@ class BridgeService:
             service_names=(),
             register=lambda server: None,
             status=self.status,
-            loops=[self.run],
+            loops=[self.run, self.marks.run],
         )

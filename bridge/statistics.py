@@ -19,6 +19,11 @@ class BridgeCounters:
     events_skipped: int = 0  # events lost to those resumes (the reconciler heals them)
     shed_while_down: int = 0  # egress items for a disconnected group (re-driven later)
     unroutable: int = 0  # egress naming a matcher group with no address
+    traced_submits: int = 0  # sampled submits sent on an Execute call of their own
+    traced_batched: int = 0  # sampled submits sent in a batch: too many traced calls in flight
+    cancels_held: int = 0  # cancels that waited for their order's traced call to be answered
+    marks_received: int = 0  # last prices read from the matchers' StreamLastPrices
+    marks_published: int = 0  # prices written to the shard's PublishMarks (conflated)
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Traces across the mesh, received by a real OTLP receiver."""
