@@ -10,6 +10,8 @@ written, so "not resident" implies the stored state is current.
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway.errors import GatewayError
 from gateway.hydrate_ahead import HydrateAhead
 from gateway.persister_client import PersisterClient
@@ -18,6 +20,19 @@ from protos.oms.v1 import gateway_pb2, persister_pb2, shard_pb2
 from services.markets.catalog import Market
 
 G = gateway_pb2
+WRITE_BEHIND_WAIT_S = 2.0
+WRITE_BEHIND_POLL_S = 0.02
+
+
+def _issued(order_id: str, user_id: int, user_seq: int) -> bool:
+    """Whether `order_id` is one the shard already issued to this user."""
+    parts = order_id.split(":")
+    return (
+        len(parts) == 3
+        and parts[1] == str(user_id)
+        and parts[2].isdigit()
+        and 0 < int(parts[2]) <= user_seq
+    )
 
 
 def order_not_found(detail: str) -> GatewayError:
@@ -72,9 +87,25 @@ class AccountQueries:
             if not order_id:
                 raise order_not_found(f"no order with client_order_id {request.client_order_id!r}")
         stored = await self.persister.stored_order(order_id, user_id)
+        if stored is None and view.resident and _issued(order_id, user_id, view.state.user_seq):
+            stored = await self._row_on_its_way(order_id, user_id)
         if stored is None or stored.user_id != user_id:
             raise order_not_found(f"no order {order_id!r} for user {user_id}")
         return stored_view(stored)
+
+    async def _row_on_its_way(
+        self, order_id: str, user_id: int
+    ) -> persister_pb2.StoredOrder | None:
+        """The shard issued this id and no longer holds the order: its row is in the
+        persister's write-behind (about 10 ms, longer under load). Wait for it, bounded."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WRITE_BEHIND_WAIT_S
+        while loop.time() < deadline:
+            await asyncio.sleep(WRITE_BEHIND_POLL_S)
+            stored = await self.persister.stored_order(order_id, user_id)
+            if stored is not None:
+                return stored
+        return None
 
     async def open_orders(
         self, request: gateway_pb2.GetOpenOrdersRequest

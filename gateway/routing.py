@@ -11,7 +11,6 @@ newer epoch exists (never with static routing: there is nowhere else to go).
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,8 +37,7 @@ class ShardEndpoint:
     async def execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
         """The command's final result; UNAVAILABLE / TIMEOUT errors say: retry, same ids."""
         try:
-            async with asyncio.timeout(self.timeout_s):
-                return await self.link.execute(command)
+            return await self.link.execute(command, timeout_s=self.timeout_s)
         except ShardUnavailableError as error:
             self.counters.add("shard_unavailable")
             raise unavailable(str(error)) from error

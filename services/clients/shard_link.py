@@ -56,15 +56,30 @@ class ShardLink:
         self.sent_batches = 0
         self.sent_commands = 0
         self.breaks = 0  # streams that ended; mesh commands sent on them may be lost
+        self.timeouts = 0
+        self._deadlines: deque[tuple[float, asyncio.Future[shard_pb2.ShardResult]]] = deque()
+        self._expiry_task: asyncio.Task[None] | None = None
         self._broken = asyncio.Event()
 
-    async def execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
-        """Send one client command and wait for its final result."""
+    async def execute(
+        self, command: shard_pb2.ShardCommand, *, timeout_s: float | None = None
+    ) -> shard_pb2.ShardResult:
+        """Send one client command and wait for its final result.
+
+        With `timeout_s`, TimeoutError once that long passed without one (one sweep
+        per link expires them in arrival order: a timer per command costs more than
+        the command; callers of one link are expected to use one timeout).
+        """
         self._ensure_stream()
         correlation_id = self._prefix | next(self._ids)
         command.correlation_id = correlation_id
-        future: asyncio.Future[shard_pb2.ShardResult] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[shard_pb2.ShardResult] = loop.create_future()
         self._waiting[correlation_id] = future
+        if timeout_s is not None:
+            self._deadlines.append((loop.time() + timeout_s, future))
+            if self._expiry_task is None or self._expiry_task.done():
+                self._expiry_task = asyncio.create_task(self._expire(timeout_s))
         try:
             await self._enqueue(command)
             return await future
@@ -95,6 +110,11 @@ class ShardLink:
         await self._broken.wait()
 
     async def close(self) -> None:
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry_task
+            self._expiry_task = None
         if self._stream_task is not None:
             self._stream_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, ShardUnavailableError):
@@ -163,6 +183,22 @@ class ShardLink:
             self.sent_batches += 1
             self.sent_commands += len(commands)
             yield batch.SerializeToString()
+
+    async def _expire(self, interval_s: float) -> None:
+        """Fail the commands whose deadline passed; runs while any deadline is pending."""
+        deadlines = self._deadlines
+        loop = asyncio.get_running_loop()
+        tick_s = min(max(interval_s / 20, 0.005), 0.1)
+        while deadlines:
+            now = loop.time()
+            while deadlines and deadlines[0][0] <= now:
+                _, future = deadlines.popleft()
+                if not future.done():
+                    self.timeouts += 1
+                    future.set_exception(TimeoutError("no result from the shard in time"))
+            while deadlines and deadlines[0][1].done():
+                deadlines.popleft()
+            await asyncio.sleep(tick_s)
 
     def _fail_waiting(self, error: BaseException) -> None:
         for future in self._waiting.values():

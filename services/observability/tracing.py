@@ -60,7 +60,16 @@ def configure_tracing(service_name: str) -> TracingSettings:
     )
     trace.set_tracer_provider(provider)
     atexit.register(provider.shutdown)
+    _installed.append(provider)
     return settings
+
+
+_installed: list[TracerProvider] = []
+
+
+def tracing_enabled() -> bool:
+    """True once an exporter is installed: hot paths skip span work entirely otherwise."""
+    return bool(_installed)
 
 
 def tracer(name: str) -> Tracer:

@@ -98,3 +98,18 @@ async def test_shard_link_loses_nothing_queued_after_the_shard_restarts(
         assert link.breaks >= 1
     finally:
         await link.close()
+
+
+async def test_shard_link_times_out_a_command_that_gets_no_final_result(
+    shard_process: ShardProcess,
+) -> None:
+    link = ShardLink(shard_process.address)
+    try:
+        # No persister answers the hydration: the deposit stays parked, never final.
+        with pytest.raises(TimeoutError):
+            await link.execute(deposit(404, 1_000), timeout_s=0.3)
+        assert link.timeouts == 1
+        await link.send([hydrate(405)])
+        assert (await link.execute(deposit(405, 1_000), timeout_s=5)).accepted
+    finally:
+        await link.close()
