@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-rates", default="5000,10000,20000,0")
     parser.add_argument("--unary-outstanding", type=int, default=256)
     parser.add_argument("--streams", type=int, default=2, help="Trade streams in parallel")
+    parser.add_argument(
+        "--stream-outstanding",
+        type=int,
+        default=1_000,
+        help="unanswered orders per stream, at most",
+    )
     parser.add_argument("--batch", type=int, default=100, help="orders per stream batch cap")
     parser.add_argument("--tick-ms", type=float, default=5.0)
     parser.add_argument("--users", type=int, default=64, help="funded whale-tier users")
@@ -245,7 +251,7 @@ async def _stream_phase(
         nonlocal refused
         user = users[index % len(users)]
         sent_at: dict[int, int] = {}
-        outstanding = asyncio.Semaphore(20_000)
+        outstanding = asyncio.Semaphore(arguments.stream_outstanding)
         done_sending = asyncio.Event()
         all_answered = asyncio.Event()
 
