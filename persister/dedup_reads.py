@@ -13,21 +13,10 @@ just before the lookup is found.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-
-import structlog
-
 from persister import answers
-from persister.answers import AnswerSink
-from persister.counters import Counters
-from persister.errors import StoreError
-from persister.pending_reads import Admission, PendingReads
-from persister.store import Store
+from persister.pending_reads import BatchedReads
 from protos.oms.v1 import shard_pb2
 
-log = structlog.get_logger(__name__)
-Barrier = Callable[[int], Awaitable[None]]
 Key = tuple[int, str]
 
 _LOOKUP = """
@@ -46,53 +35,16 @@ COUNTERS = (
 )
 
 
-class DedupReads:
-    def __init__(
-        self,
-        store: Store,
-        shard: AnswerSink,
-        counters: Counters,
-        *,
-        committed: Barrier,
-        workers: int,
-        max_per_query: int,
-        max_pending: int,
-    ) -> None:
-        self.store = store
-        self.shard = shard
-        self.counters = counters
-        self.committed = committed
-        self.workers = workers
-        self.max_per_query = max_per_query
-        self.pending: PendingReads[Key, None] = PendingReads(max_pending)
+class DedupReads(BatchedReads[Key, None]):
+    REQUESTED = "dedup_lookups"
+    JOINED = "dedup_lookups_joined"
+    SHED = "dedup_lookups_shed"
+    FAILED = "dedup_read_failures"
 
     def request(self, user_id: int, client_order_id: str, position: int) -> None:
-        self.counters.add("dedup_lookups")
-        admission = self.pending.add((user_id, client_order_id), None, position)
-        if admission is Admission.JOINED:
-            self.counters.add("dedup_lookups_joined")
-        elif admission is Admission.SHED:
-            self.counters.add("dedup_lookups_shed")
+        self._request((user_id, client_order_id), None, position)
 
-    async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            for _ in range(self.workers):
-                group.create_task(self._work())
-
-    async def _work(self) -> None:
-        while True:
-            keys, newest = await self.pending.take(self.max_per_query)
-            try:
-                commands = await self._read(keys, newest)
-            except StoreError as error:
-                self.counters.add("dedup_read_failures")
-                log.warning("persister.dedup_read_failed", lookups=len(keys), error=str(error))
-                self.pending.finish(keys)
-                continue
-            await self.shard.send(commands)
-
-    async def _read(self, keys: list[Key], newest: int) -> list[shard_pb2.ShardCommand]:
-        await self.committed(newest - 1)
+    async def _read(self, keys: list[Key]) -> list[shard_pb2.ShardCommand]:
         async with self.store.session() as session:
             rows = await session.fetch(
                 _LOOKUP, [user for user, _ in keys], [client_id for _, client_id in keys]

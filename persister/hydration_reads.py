@@ -12,23 +12,18 @@ A failed read answers nothing: the shard asks again after 5 s.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-
 import structlog
 
 from persister import answers
 from persister.answers import AnswerSink
 from persister.counters import Counters
-from persister.errors import StoreError
-from persister.pending_reads import Admission, PendingReads
+from persister.pending_reads import Barrier, BatchedReads
 from persister.store import Store
 from persister.unknown_users import UnknownUsers
 from persister.user_rows import StoredStateError, read_users, stored_state
 from protos.oms.v1 import shard_pb2
 
 log = structlog.get_logger(__name__)
-Barrier = Callable[[int], Awaitable[None]]
 
 COUNTERS = (
     "hydration_requests",
@@ -44,7 +39,12 @@ COUNTERS = (
 )
 
 
-class HydrationReads:
+class HydrationReads(BatchedReads[int, int]):
+    REQUESTED = "hydration_requests"
+    JOINED = "hydration_requests_joined"
+    SHED = "hydration_requests_shed"
+    FAILED = "hydration_read_failures"
+
     def __init__(
         self,
         store: Store,
@@ -57,43 +57,21 @@ class HydrationReads:
         max_per_query: int,
         max_pending: int,
     ) -> None:
-        self.store = store
-        self.shard = shard
+        super().__init__(
+            store,
+            shard,
+            counters,
+            committed=committed,
+            workers=workers,
+            max_per_query=max_per_query,
+            max_pending=max_pending,
+        )
         self.unknown = unknown
-        self.counters = counters
-        self.committed = committed
-        self.workers = workers
-        self.max_per_query = max_per_query
-        self.pending: PendingReads[int, int] = PendingReads(max_pending)
 
     def request(self, user_id: int, epoch: int, position: int) -> None:
-        self.counters.add("hydration_requests")
-        admission = self.pending.add(user_id, epoch, position)
-        if admission is Admission.JOINED:
-            self.counters.add("hydration_requests_joined")
-        elif admission is Admission.SHED:
-            self.counters.add("hydration_requests_shed")
+        self._request(user_id, epoch, position)
 
-    async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            for _ in range(self.workers):
-                group.create_task(self._work())
-
-    async def _work(self) -> None:
-        while True:
-            users, newest = await self.pending.take(self.max_per_query)
-            try:
-                commands = await self._read(users, newest)
-            except StoreError as error:
-                self.counters.add("hydration_read_failures")
-                log.warning("persister.hydration_read_failed", users=len(users), error=str(error))
-                self.pending.finish(users)
-                continue
-            if commands:
-                await self.shard.send(commands)
-
-    async def _read(self, users: list[int], newest: int) -> list[shard_pb2.ShardCommand]:
-        await self.committed(newest - 1)
+    async def _read(self, users: list[int]) -> list[shard_pb2.ShardCommand]:
         cached = {user for user in users if self.unknown.known_unknown(user)}
         to_read = [user for user in users if user not in cached]
         rows = {}

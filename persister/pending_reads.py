@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from enum import Enum
 from typing import Generic, TypeVar
 
+import structlog
+
+from persister.answers import AnswerSink
+from persister.counters import Counters
+from persister.errors import StoreError
+from persister.store import Store
+from protos.oms.v1 import shard_pb2
+
+log = structlog.get_logger(__name__)
+Barrier = Callable[[int], Awaitable[None]]
 K = TypeVar("K", bound=Hashable)
 W = TypeVar("W")
 
@@ -67,3 +77,63 @@ class PendingReads(Generic[K, W]):
     def finish(self, keys: list[K]) -> dict[K, list[W]]:
         """The keys' waiters, including those that joined during the read."""
         return {key: self._reading.pop(key) for key in keys}
+
+
+class BatchedReads(Generic[K, W]):
+    """Requests queued in `PendingReads`, read in batches by a few workers, answered to
+    the shard. A subclass names its counters and reads one batch (`_read`)."""
+
+    REQUESTED = ""
+    JOINED = ""
+    SHED = ""
+    FAILED = ""
+
+    def __init__(
+        self,
+        store: Store,
+        shard: AnswerSink,
+        counters: Counters,
+        *,
+        committed: Barrier,
+        workers: int,
+        max_per_query: int,
+        max_pending: int,
+    ) -> None:
+        self.store = store
+        self.shard = shard
+        self.counters = counters
+        self.committed = committed
+        self.workers = workers
+        self.max_per_query = max_per_query
+        self.pending: PendingReads[K, W] = PendingReads(max_pending)
+
+    def _request(self, key: K, waiter: W, position: int) -> None:
+        self.counters.add(self.REQUESTED)
+        admission = self.pending.add(key, waiter, position)
+        if admission is Admission.JOINED:
+            self.counters.add(self.JOINED)
+        elif admission is Admission.SHED:
+            self.counters.add(self.SHED)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(self.workers):
+                group.create_task(self._work())
+
+    async def _work(self) -> None:
+        while True:
+            keys, newest = await self.pending.take(self.max_per_query)
+            try:
+                # Each read sees every write logged before the newest request it answers.
+                await self.committed(newest - 1)
+                commands = await self._read(keys)
+            except StoreError as error:
+                self.counters.add(self.FAILED)
+                log.warning(f"persister.{self.FAILED}", keys=len(keys), error=str(error))
+                self.pending.finish(keys)
+                continue  # nothing answered: the shard asks again after 5 s
+            if commands:
+                await self.shard.send(commands)
+
+    async def _read(self, keys: list[K]) -> list[shard_pb2.ShardCommand]:
+        raise NotImplementedError
