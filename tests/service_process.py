@@ -208,3 +208,38 @@ class ServiceProcess:
 
 def aio_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+class ShardFollowerProcess(ServiceProcess):
+    """A stateless service that follows one shard and every matcher group (the bridge,
+    the reconciler): its data folder only names its log file (the harness passes
+    `--data-dir`, which such a service accepts and ignores)."""
+
+    service_name = ""  # the server as a whole: it serves only health and status
+    default_environment: Mapping[str, str] = {}
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        shard_address: str,
+        matchers: Mapping[str, str],
+        shard_id: str = "s1",
+        port: int | None = None,
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
+        matcher_text = ",".join(f"{group}={address}" for group, address in matchers.items())
+        super().__init__(
+            data_dir,
+            port=port,
+            environment={
+                "OMS_MATCHERS": matcher_text,
+                "OMS_SHARD_ID": shard_id,
+                **self.default_environment,
+                **(environment or {}),
+            },
+        )
+        self.shard_address = shard_address
+
+    def service_arguments(self) -> list[str]:
+        return ["--shard-address", self.shard_address]
