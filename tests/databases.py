@@ -1,4 +1,4 @@
-"""A database of its own on the test PostgreSQL server, for one mesh of gateway tests.
+"""A database of its own on the test PostgreSQL server, for one mesh (tests/full_mesh.py).
 
 Each mesh gets a fresh database: its persister's cursor and user ids must start
 with its shard's log, never with another mesh's rows. It is dropped with the mesh.
@@ -19,7 +19,7 @@ import asyncpg
 _numbers = itertools.count(1)
 
 
-def fresh_database(server_url: str, prefix: str = "oms_gateway") -> str:
+def fresh_database(server_url: str, prefix: str = "oms_mesh") -> str:
     """Create an empty database on the server of `server_url`; return its URL."""
     name = f"{prefix}_{os.getpid()}_{next(_numbers)}"
     _run_apart(_execute(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -1,9 +1,10 @@
-"""The mesh behind a gateway, as real processes: shard, matchers g1/g2, bridge, persister.
+"""The whole mesh as real processes: shard, matchers g1/g2, bridge, persister, reconciler, gateway.
 
-`GatewayMesh` starts every process at once (imports cost about two seconds each,
-so they overlap), gives the persister a database of its own, and always reaps
-what it started. `new_gateway` adds another gateway on the same mesh (gateways
-keep no state, so any number can serve one shard).
+The one place that starts a whole mesh for tests (the gateway and end-to-end
+tests use it). `FullMesh` starts every process at once (imports cost about two
+seconds each, so they overlap), gives the persister a database of its own, and
+always reaps what it started. `new_gateway` adds another gateway on the same
+mesh (gateways keep no state, so any number can serve one shard).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from pathlib import Path
 from gateway.client import AdminClient
 from services.markets.catalog import load_catalog
 from tests.bridge.bridge_process import BridgeProcess, service_status
-from tests.gateway.databases import drop_database, fresh_database
+from tests.databases import drop_database, fresh_database
 from tests.gateway.gateway_process import ADMIN_KEY, ADMIN_SECRET, GatewayProcess
 from tests.matcher_service.matcher_process import MatcherProcess
 from tests.persister.persister_process import PersisterProcess
+from tests.reconciler.reconciler_process import ReconcilerProcess
 from tests.service_process import ServiceProcess
 from tests.shard_service.shard_process import ShardProcess
 
@@ -26,7 +28,7 @@ GROUPS = tuple(load_catalog(None).groups())
 
 
 @dataclass
-class GatewayMesh:
+class FullMesh:
     folder: Path
     server_url: str
     database_url: str
@@ -34,6 +36,7 @@ class GatewayMesh:
     matchers: dict[str, MatcherProcess]
     bridge: BridgeProcess
     persister: PersisterProcess
+    reconciler: ReconcilerProcess
     gateway: GatewayProcess
     extra: list[ServiceProcess] = field(default_factory=list)
 
@@ -44,18 +47,42 @@ class GatewayMesh:
         server_url: str,
         *,
         shard_environment: Mapping[str, str] | None = None,
+        matcher_environment: Mapping[str, Mapping[str, str]] | None = None,
+        bridge_environment: Mapping[str, str] | None = None,
+        persister_environment: Mapping[str, str] | None = None,
+        reconciler_environment: Mapping[str, str] | None = None,
         gateway_environment: Mapping[str, str] | None = None,
-    ) -> GatewayMesh:
+    ) -> FullMesh:
+        """A mesh of processes not yet started, on a fresh database of `server_url`'s server."""
         folder.mkdir(parents=True, exist_ok=True)
         database_url = fresh_database(server_url)
         shard = ShardProcess(folder / "shard", environment=shard_environment)
         matchers = {
-            group: MatcherProcess(folder / f"matcher-{group}", group=group) for group in GROUPS
+            group: MatcherProcess(
+                folder / f"matcher-{group}",
+                group=group,
+                environment=(matcher_environment or {}).get(group),
+            )
+            for group in GROUPS
         }
         addresses = {group: process.address for group, process in matchers.items()}
-        bridge = BridgeProcess(folder / "bridge", shard_address=shard.address, matchers=addresses)
+        bridge = BridgeProcess(
+            folder / "bridge",
+            shard_address=shard.address,
+            matchers=addresses,
+            environment=bridge_environment,
+        )
         persister = PersisterProcess(
-            folder / "persister", shard_address=shard.address, database_url=database_url
+            folder / "persister",
+            shard_address=shard.address,
+            database_url=database_url,
+            environment=persister_environment,
+        )
+        reconciler = ReconcilerProcess(
+            folder / "reconciler",
+            shard_address=shard.address,
+            matchers=addresses,
+            environment=reconciler_environment,
         )
         gateway = GatewayProcess(
             folder / "gateway",
@@ -64,7 +91,21 @@ class GatewayMesh:
             matchers=addresses,
             environment=gateway_environment,
         )
-        return cls(folder, server_url, database_url, shard, matchers, bridge, persister, gateway)
+        return cls(
+            folder,
+            server_url,
+            database_url,
+            shard,
+            matchers,
+            bridge,
+            persister,
+            reconciler,
+            gateway,
+        )
+
+    @property
+    def matcher_addresses(self) -> dict[str, str]:
+        return {group: process.address for group, process in self.matchers.items()}
 
     def all(self) -> list[ServiceProcess]:
         return [
@@ -72,6 +113,7 @@ class GatewayMesh:
             *self.matchers.values(),
             self.bridge,
             self.persister,
+            self.reconciler,
             self.gateway,
             *self.extra,
         ]
@@ -89,6 +131,7 @@ class GatewayMesh:
             raise
 
     def stop(self) -> None:
+        """Kill and reap every process, then drop the database: safe to call more than once."""
         for process in self.all():
             process.stop()
         drop_database(self.server_url, self.database_url)
@@ -101,7 +144,7 @@ class GatewayMesh:
             self.folder / name,
             shard_address=self.shard.address,
             persister_address=self.persister.address,
-            matchers={group: process.address for group, process in self.matchers.items()},
+            matchers=self.matcher_addresses,
             environment=environment,
         )
         self.extra.append(gateway)

@@ -1,6 +1,6 @@
-"""Fixtures: one mesh of real processes behind a gateway, shared by the gateway tests.
+"""Fixtures: one whole mesh of real processes (tests/full_mesh.py), shared by the gateway tests.
 
-Starting the six processes costs seconds, so the tests share one mesh and open
+Starting the seven processes costs seconds, so the tests share one mesh and open
 their own accounts through the admin API (user ids are assigned, so no two tests
 share one). Tests that need a mesh configured differently or kill a process
 other than a gateway build their own with `new_mesh`, which always reaps what it
@@ -16,14 +16,12 @@ from typing import Any
 import pytest
 
 from gateway.client import AdminClient
-from tests.gateway.mesh import GatewayMesh
+from tests.full_mesh import FullMesh
 
 
 @pytest.fixture(scope="session")
-def shared_mesh(
-    tmp_path_factory: pytest.TempPathFactory, database_url: str
-) -> Iterator[GatewayMesh]:
-    mesh = GatewayMesh.create(tmp_path_factory.mktemp("gateway-mesh"), database_url)
+def shared_mesh(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[FullMesh]:
+    mesh = FullMesh.create(tmp_path_factory.mktemp("gateway-mesh"), database_url)
     mesh.start()
     try:
         yield mesh
@@ -32,18 +30,18 @@ def shared_mesh(
 
 
 @pytest.fixture
-async def admin(shared_mesh: GatewayMesh) -> AsyncIterator[AdminClient]:
+async def admin(shared_mesh: FullMesh) -> AsyncIterator[AdminClient]:
     async with shared_mesh.admin() as client:
         yield client
 
 
 @pytest.fixture
-def new_mesh(tmp_path: Path, database_url: str) -> Iterator[Callable[..., GatewayMesh]]:
+def new_mesh(tmp_path: Path, database_url: str) -> Iterator[Callable[..., FullMesh]]:
     """Makes dedicated (not yet started) meshes; kills and reaps them at the end."""
-    made: list[GatewayMesh] = []
+    made: list[FullMesh] = []
 
-    def make(**options: Any) -> GatewayMesh:
-        mesh = GatewayMesh.create(tmp_path / f"mesh-{len(made) + 1}", database_url, **options)
+    def make(**options: Any) -> FullMesh:
+        mesh = FullMesh.create(tmp_path / f"mesh-{len(made) + 1}", database_url, **options)
         made.append(mesh)
         return mesh
 

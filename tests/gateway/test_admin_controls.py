@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from gateway.client import AdminClient, OmsClient, OrderUpdateStream
 from protos.oms.v1 import common_pb2, matcher_pb2, shard_pb2
+from tests.full_mesh import FullMesh
 from tests.gateway.accounts import SOL, buy, open_account
-from tests.gateway.mesh import GatewayMesh
 
 S = common_pb2
 SOL_PRICE = 15_000  # SOL-USDT reference price in ticks; 100 lots are 1.5 USDT
@@ -27,7 +27,7 @@ async def sol_buy(client: OmsClient, client_order_id: str) -> str:
     return ack.order_id
 
 
-async def test_halt_and_resume_a_symbol(shared_mesh: GatewayMesh, admin: AdminClient) -> None:
+async def test_halt_and_resume_a_symbol(shared_mesh: FullMesh, admin: AdminClient) -> None:
     account = await open_account(admin, {"USDT": 10_000_000_000})
     async with (
         account.client(shared_mesh.gateway.address) as client,
@@ -50,7 +50,7 @@ async def test_halt_and_resume_a_symbol(shared_mesh: GatewayMesh, admin: AdminCl
 
 
 async def test_kill_switch_cancels_in_every_group_and_blocks_new_orders(
-    shared_mesh: GatewayMesh, admin: AdminClient
+    shared_mesh: FullMesh, admin: AdminClient
 ) -> None:
     account = await open_account(admin, {"USDT": 10_000_000_000})
     async with (

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.client import AdminClient
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
+from tests.full_mesh import FullMesh, gateway_counters
 from tests.gateway.accounts import (
     SOL,
     Account,
@@ -23,7 +24,6 @@ from tests.gateway.accounts import (
     open_account,
     refusal,
 )
-from tests.gateway.mesh import GatewayMesh, gateway_counters
 
 INT64_MAX = (1 << 63) - 1
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -129,11 +129,11 @@ PLACE_CASES: list[tuple[str, Mutation, str, str]] = [
 
 
 @pytest.fixture
-async def account(shared_mesh: GatewayMesh, admin: AdminClient) -> Account:
+async def account(shared_mesh: FullMesh, admin: AdminClient) -> Account:
     return await open_account(admin, {"USDT": 10_000_000_000})
 
 
-async def _commands_sent(mesh: GatewayMesh) -> int:
+async def _commands_sent(mesh: FullMesh) -> int:
     return (await gateway_counters(mesh.gateway.address)).get("shard_commands_sent", 0)
 
 
@@ -143,7 +143,7 @@ async def _commands_sent(mesh: GatewayMesh) -> int:
     ids=[case[0] for case in PLACE_CASES],
 )
 async def test_place_order_field_checks(
-    shared_mesh: GatewayMesh, account: Account, mutation: Mutation, reason: str, field: str
+    shared_mesh: FullMesh, account: Account, mutation: Mutation, reason: str, field: str
 ) -> None:
     async with account.client(shared_mesh.gateway.address) as client:
         before = await account_state(client)
@@ -157,7 +157,7 @@ async def test_place_order_field_checks(
         assert await account_state(client) == before
 
 
-async def test_order_references_and_filters(shared_mesh: GatewayMesh, account: Account) -> None:
+async def test_order_references_and_filters(shared_mesh: FullMesh, account: Account) -> None:
     async with account.client(shared_mesh.gateway.address) as client:
         sent = await _commands_sent(shared_mesh)
         for call, field in [
@@ -181,7 +181,7 @@ async def test_order_references_and_filters(shared_mesh: GatewayMesh, account: A
 
 
 async def test_admin_input_checks(
-    shared_mesh: GatewayMesh, admin: AdminClient, account: Account
+    shared_mesh: FullMesh, admin: AdminClient, account: Account
 ) -> None:
     async with account.client(shared_mesh.gateway.address) as client:
         before = await account_state(client)
@@ -223,7 +223,7 @@ async def test_deposit_to_an_account_that_does_not_exist(admin: AdminClient) -> 
 
 
 async def test_trade_stream_answers_bad_requests_one_by_one(
-    shared_mesh: GatewayMesh, account: Account
+    shared_mesh: FullMesh, account: Account
 ) -> None:
     async with account.client(shared_mesh.gateway.address) as client, client.trade() as stream:
         good = buy(client, "t-good", 1)
@@ -255,7 +255,7 @@ async def test_trade_stream_answers_bad_requests_one_by_one(
 
 
 async def test_an_oversized_trade_batch_ends_the_stream_and_places_nothing(
-    shared_mesh: GatewayMesh, account: Account
+    shared_mesh: FullMesh, account: Account
 ) -> None:
     async with account.client(shared_mesh.gateway.address) as client:
         before = await account_state(client)

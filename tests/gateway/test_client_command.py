@@ -7,11 +7,11 @@ import asyncio
 import pytest
 
 from services.command_line import main
+from tests.full_mesh import FullMesh
 from tests.gateway.accounts import Account, open_account
-from tests.gateway.mesh import GatewayMesh
 
 
-def new_account(mesh: GatewayMesh, deposits: dict[str, int]) -> Account:
+def new_account(mesh: FullMesh, deposits: dict[str, int]) -> Account:
     async def create() -> Account:
         async with mesh.admin() as admin:
             return await open_account(admin, deposits)
@@ -26,7 +26,7 @@ def oms_client(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int
 
 
 def test_place_list_cancel_and_balances_from_the_command_line(
-    shared_mesh: GatewayMesh, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    shared_mesh: FullMesh, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     account = new_account(shared_mesh, {"USDT": 10_000_000_000})
     monkeypatch.setenv("OMS_GATEWAY_ADDRESS", shared_mesh.gateway.address)

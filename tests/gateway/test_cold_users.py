@@ -13,8 +13,8 @@ import pytest
 
 from gateway.client import AdminClient, OmsClient
 from protos.oms.v1 import common_pb2, shard_pb2
+from tests.full_mesh import FullMesh, gateway_counters
 from tests.gateway.accounts import BTC, PRICE, Account, buy, eventually, open_account
-from tests.gateway.mesh import GatewayMesh, gateway_counters
 from tests.shard_service.shard_client import ShardClient
 from tests.shard_service.shard_process import aio_channel
 
@@ -22,8 +22,8 @@ S = common_pb2
 
 
 @pytest.fixture(scope="module")
-def cold_mesh(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[GatewayMesh]:
-    mesh = GatewayMesh.create(
+def cold_mesh(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[FullMesh]:
+    mesh = FullMesh.create(
         tmp_path_factory.mktemp("cold-mesh"),
         database_url,
         shard_environment={"OMS_SHARD_IDLE_TTL_MS": "1000"},
@@ -37,7 +37,7 @@ def cold_mesh(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> It
 
 
 @pytest.fixture
-async def shard(cold_mesh: GatewayMesh) -> AsyncIterator[ShardClient]:
+async def shard(cold_mesh: FullMesh) -> AsyncIterator[ShardClient]:
     async with aio_channel(cold_mesh.shard.address) as channel:
         yield ShardClient(channel)
 
@@ -49,7 +49,7 @@ async def wait_resident(shard: ShardClient, user_id: int, resident: bool) -> Non
     await eventually(view, lambda v: v.resident == resident, timeout_s=20)
 
 
-async def crossed_pair(mesh: GatewayMesh, admin: AdminClient) -> tuple[Account, Account, str]:
+async def crossed_pair(mesh: FullMesh, admin: AdminClient) -> tuple[Account, Account, str]:
     """A buyer and a seller whose orders filled each other; both flat afterwards."""
     buyer = await open_account(admin, {"USDT": 10_000_000_000})
     seller = await open_account(admin, {"BTC": 1_000_000})
@@ -72,7 +72,7 @@ async def crossed_pair(mesh: GatewayMesh, admin: AdminClient) -> tuple[Account, 
 
 
 async def test_an_evicted_user_reads_the_same_from_storage(
-    cold_mesh: GatewayMesh, shard: ShardClient
+    cold_mesh: FullMesh, shard: ShardClient
 ) -> None:
     async with cold_mesh.admin() as admin:
         buyer, _, _ = await crossed_pair(cold_mesh, admin)
@@ -95,7 +95,7 @@ async def test_an_evicted_user_reads_the_same_from_storage(
 
 
 async def test_finished_orders_of_an_evicted_user_are_found_by_either_id(
-    cold_mesh: GatewayMesh, shard: ShardClient
+    cold_mesh: FullMesh, shard: ShardClient
 ) -> None:
     async with cold_mesh.admin() as admin:
         buyer, _, bid = await crossed_pair(cold_mesh, admin)
@@ -112,7 +112,7 @@ async def test_finished_orders_of_an_evicted_user_are_found_by_either_id(
 
 
 async def test_signing_in_hydrates_the_user_ahead_of_the_first_order(
-    cold_mesh: GatewayMesh, shard: ShardClient
+    cold_mesh: FullMesh, shard: ShardClient
 ) -> None:
     async with cold_mesh.admin() as admin:
         account = await open_account(admin, {"USDT": 10_000_000_000})

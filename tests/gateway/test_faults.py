@@ -10,6 +10,7 @@ import grpc
 
 from gateway.client import AdminClient, GatewayCallError, OmsClient
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
+from tests.full_mesh import FullMesh, gateway_counters
 from tests.gateway.accounts import (
     PRICE,
     account_state,
@@ -20,13 +21,12 @@ from tests.gateway.accounts import (
     open_account,
     refusal,
 )
-from tests.gateway.mesh import GatewayMesh, gateway_counters
 
 WHALE = shard_pb2.USER_TIER_WHALE
 
 
 async def test_retry_after_the_gateway_is_killed_returns_the_original_ack(
-    shared_mesh: GatewayMesh, admin: AdminClient
+    shared_mesh: FullMesh, admin: AdminClient
 ) -> None:
     gateway = shared_mesh.new_gateway("gateway-killed")
     shared_mesh.start(gateway)
@@ -45,7 +45,7 @@ async def test_retry_after_the_gateway_is_killed_returns_the_original_ack(
 
 
 async def test_orders_in_flight_at_a_gateway_crash_apply_exactly_once(
-    shared_mesh: GatewayMesh, admin: AdminClient
+    shared_mesh: FullMesh, admin: AdminClient
 ) -> None:
     gateway = shared_mesh.new_gateway("gateway-crash-in-flight")
     shared_mesh.start(gateway)
@@ -84,7 +84,7 @@ def _sequence(order_id: str) -> int:
 
 
 async def test_an_unreachable_shard_is_unavailable_and_the_retry_applies_once(
-    new_mesh: Callable[..., GatewayMesh],
+    new_mesh: Callable[..., FullMesh],
 ) -> None:
     mesh = new_mesh()
     mesh.start()
@@ -121,9 +121,7 @@ async def _place_or_none(client: OmsClient, client_order_id: str) -> gateway_pb2
         raise
 
 
-async def test_sigterm_stops_the_gateway_cleanly(
-    shared_mesh: GatewayMesh, admin: AdminClient
-) -> None:
+async def test_sigterm_stops_the_gateway_cleanly(shared_mesh: FullMesh, admin: AdminClient) -> None:
     gateway = shared_mesh.new_gateway("gateway-stopped")
     shared_mesh.start(gateway)
     account = await open_account(admin, {"USDT": 10_000_000_000})

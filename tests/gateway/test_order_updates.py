@@ -7,8 +7,8 @@ import pytest
 
 from gateway.client import AdminClient, GatewayCallError, OrderUpdateStream
 from protos.oms.v1 import common_pb2, shard_pb2
+from tests.full_mesh import FullMesh, gateway_counters
 from tests.gateway.accounts import BTC, PRICE, buy, eventually, open_account
-from tests.gateway.mesh import GatewayMesh, gateway_counters
 
 S = common_pb2
 CROSS_PRICE = PRICE + 777
@@ -32,7 +32,7 @@ async def updates_until(
 
 
 async def test_each_user_sees_only_their_own_updates(
-    shared_mesh: GatewayMesh, admin: AdminClient
+    shared_mesh: FullMesh, admin: AdminClient
 ) -> None:
     address = shared_mesh.gateway.address
     buyer = await open_account(admin, {"USDT": 10_000_000_000})
@@ -70,7 +70,7 @@ async def test_each_user_sees_only_their_own_updates(
 
 
 async def test_a_slow_subscriber_is_disconnected_and_others_keep_up(
-    shared_mesh: GatewayMesh, admin: AdminClient
+    shared_mesh: FullMesh, admin: AdminClient
 ) -> None:
     gateway = shared_mesh.new_gateway(
         "gateway-small-queues", environment={"OMS_GATEWAY_ORDER_UPDATE_QUEUE": "300"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gateway.client import AdminClient
 from protos.oms.v1 import common_pb2, shard_pb2
+from tests.full_mesh import FullMesh, gateway_counters
 from tests.gateway.accounts import (
     BTC,
     PRICE,
@@ -13,14 +14,11 @@ from tests.gateway.accounts import (
     limit_buy_reservation,
     open_account,
 )
-from tests.gateway.mesh import GatewayMesh, gateway_counters
 
 USDT_FUNDS = 10_000_000_000  # 10,000 USDT
 
 
-async def test_create_fund_place_and_read_back(
-    shared_mesh: GatewayMesh, admin: AdminClient
-) -> None:
+async def test_create_fund_place_and_read_back(shared_mesh: FullMesh, admin: AdminClient) -> None:
     account = await open_account(admin, {"USDT": USDT_FUNDS})
     async with account.client(shared_mesh.gateway.address) as client:
         assert {a: (b.total, b.reserved) for a, b in (await client.balances()).items()} == {
@@ -57,7 +55,7 @@ async def test_create_fund_place_and_read_back(
 
 
 async def test_retried_place_returns_the_original_ack_and_reserves_once(
-    shared_mesh: GatewayMesh, admin: AdminClient
+    shared_mesh: FullMesh, admin: AdminClient
 ) -> None:
     account = await open_account(admin, {"USDT": USDT_FUNDS})
     async with account.client(shared_mesh.gateway.address) as client:
@@ -71,7 +69,7 @@ async def test_retried_place_returns_the_original_ack_and_reserves_once(
 
 
 async def test_a_shard_refusal_is_an_ack_not_an_error(
-    shared_mesh: GatewayMesh, admin: AdminClient
+    shared_mesh: FullMesh, admin: AdminClient
 ) -> None:
     account = await open_account(admin, {"USDT": 1_000_000})  # 1 USDT
     async with account.client(shared_mesh.gateway.address) as client:
@@ -84,7 +82,7 @@ async def test_a_shard_refusal_is_an_ack_not_an_error(
 
 
 async def test_cancel_by_client_order_id_then_the_closed_order_is_read_from_storage(
-    shared_mesh: GatewayMesh, admin: AdminClient
+    shared_mesh: FullMesh, admin: AdminClient
 ) -> None:
     account = await open_account(admin, {"USDT": USDT_FUNDS})
     async with account.client(shared_mesh.gateway.address) as client:
@@ -112,7 +110,7 @@ async def test_cancel_by_client_order_id_then_the_closed_order_is_read_from_stor
 
 
 async def test_transfers_are_idempotent_by_transfer_id(
-    shared_mesh: GatewayMesh, admin: AdminClient
+    shared_mesh: FullMesh, admin: AdminClient
 ) -> None:
     account = await open_account(admin, {"USDT": 5_000_000})
     first = await admin.withdraw(account.user_id, "USDT", 2_000_000, "w-1")
@@ -126,7 +124,7 @@ async def test_transfers_are_idempotent_by_transfer_id(
         assert (await client.balances())["USDT"].total == 3_000_000
 
 
-async def test_status_counts_requests(shared_mesh: GatewayMesh, admin: AdminClient) -> None:
+async def test_status_counts_requests(shared_mesh: FullMesh, admin: AdminClient) -> None:
     before = await gateway_counters(shared_mesh.gateway.address)
     account = await open_account(admin, {"USDT": USDT_FUNDS})
     async with account.client(shared_mesh.gateway.address) as client:

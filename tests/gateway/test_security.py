@@ -23,6 +23,7 @@ from gateway.signing import (
 )
 from protos.oms.v1 import gateway_pb2
 from services.clients.channels import mesh_channel
+from tests.full_mesh import FullMesh, gateway_counters
 from tests.gateway.accounts import (
     Account,
     account_state,
@@ -32,7 +33,6 @@ from tests.gateway.accounts import (
     refusal,
 )
 from tests.gateway.gateway_process import ADMIN_KEY, ADMIN_SECRET
-from tests.gateway.mesh import GatewayMesh, gateway_counters
 
 PLACE = "/oms.v1.OrderGateway/PlaceOrder"
 U = grpc.StatusCode.UNAUTHENTICATED
@@ -60,12 +60,12 @@ async def raw_place(
 
 
 @pytest.fixture
-async def victim(shared_mesh: GatewayMesh, admin: AdminClient) -> Account:
+async def victim(shared_mesh: FullMesh, admin: AdminClient) -> Account:
     return await open_account(admin, {"USDT": 10_000_000_000})
 
 
 async def test_bad_credentials_are_refused_with_their_reason(
-    shared_mesh: GatewayMesh, victim: Account
+    shared_mesh: FullMesh, victim: Account
 ) -> None:
     address = shared_mesh.gateway.address
     async with victim.client(address) as client:
@@ -113,7 +113,7 @@ async def test_bad_credentials_are_refused_with_their_reason(
 
 
 async def test_a_key_acts_only_on_its_own_account(
-    shared_mesh: GatewayMesh, admin: AdminClient, victim: Account
+    shared_mesh: FullMesh, admin: AdminClient, victim: Account
 ) -> None:
     address = shared_mesh.gateway.address
     intruder = await open_account(admin, {"USDT": 10_000_000_000})
@@ -153,7 +153,7 @@ async def test_a_key_acts_only_on_its_own_account(
 
 
 async def test_only_the_admin_key_calls_the_admin_api(
-    shared_mesh: GatewayMesh, victim: Account
+    shared_mesh: FullMesh, victim: Account
 ) -> None:
     address = shared_mesh.gateway.address
     async with victim.client(address) as own:
@@ -180,7 +180,7 @@ async def test_only_the_admin_key_calls_the_admin_api(
         assert await account_state(own) == before
 
 
-async def test_streams_are_authenticated_at_open(shared_mesh: GatewayMesh, victim: Account) -> None:
+async def test_streams_are_authenticated_at_open(shared_mesh: FullMesh, victim: Account) -> None:
     address = shared_mesh.gateway.address
     async with OmsClient(
         address, user_id=victim.user_id, api_key=victim.api_key, api_secret="wrong"
@@ -195,7 +195,7 @@ async def test_streams_are_authenticated_at_open(shared_mesh: GatewayMesh, victi
         assert_refused(error, U, "BAD_SIGNATURE")
 
 
-async def test_the_reason_travels_in_trailing_metadata(shared_mesh: GatewayMesh) -> None:
+async def test_the_reason_travels_in_trailing_metadata(shared_mesh: FullMesh) -> None:
     async with mesh_channel(shared_mesh.gateway.address) as channel:
         call = channel.unary_unary(
             "/oms.v1.OrderGateway/GetBalances",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from gateway.client import AdminClient
 from protos.oms.v1 import gateway_pb2, shard_pb2
+from tests.full_mesh import FullMesh, gateway_counters
 from tests.gateway.accounts import PRICE, buy, limit_buy_reservation, open_account
-from tests.gateway.mesh import GatewayMesh, gateway_counters
 
 WHALE = shard_pb2.USER_TIER_WHALE  # a deeper rate-limit bucket (5,000 orders)
 
 
-async def test_many_orders_each_answered_once(shared_mesh: GatewayMesh, admin: AdminClient) -> None:
+async def test_many_orders_each_answered_once(shared_mesh: FullMesh, admin: AdminClient) -> None:
     account = await open_account(admin, {"USDT": 100_000_000_000}, tier=WHALE)
     address = shared_mesh.gateway.address
     before = await gateway_counters(address)
@@ -45,7 +45,7 @@ async def test_many_orders_each_answered_once(shared_mesh: GatewayMesh, admin: A
 
 
 async def test_rate_limited_orders_come_back_retryable(
-    shared_mesh: GatewayMesh, admin: AdminClient
+    shared_mesh: FullMesh, admin: AdminClient
 ) -> None:
     account = await open_account(admin, {"USDT": 100_000_000_000})
     async with account.client(shared_mesh.gateway.address) as client, client.trade() as stream:
