@@ -12,10 +12,12 @@ the gateway for `--seconds`:
   latency per order from its batch's slot to its ack.
 
 An ack is the gateway's answer, given once the shard's log entry holding the
-order is durable. Orders rest (buys below, sells above the reference price), so
-the figure is admission, not matching. Rate 0 means "as fast as it goes". In
-the same run and on the same PostgreSQL, the row-lock baseline admits orders with
-one `SELECT … FOR UPDATE; UPDATE; INSERT` transaction each; the ratio is printed.
+order is durable. Half the users (and half the streams) buy one lot at the
+reference price and half sell it, so orders trade with each other: the run
+carries fills, settlement and write-behind, and the book stays small. Rate 0
+means "as fast as it goes". In the same run and on the same PostgreSQL, the
+row-lock baseline admits orders with one `SELECT … FOR UPDATE; UPDATE; INSERT`
+transaction each; the ratio is printed.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unary-rates", default="1000,2000,3000,0")
     parser.add_argument("--stream-rates", default="5000,10000,20000,0")
     parser.add_argument("--unary-outstanding", type=int, default=256)
-    parser.add_argument("--streams", type=int, default=2, help="Trade streams in parallel")
+    parser.add_argument("--streams", type=int, default=8, help="Trade streams in parallel")
     parser.add_argument(
         "--stream-outstanding",
         type=int,
@@ -169,17 +171,17 @@ async def _funded_users(
     return users
 
 
-def _order(user: User, number: int) -> gateway_pb2.PlaceOrderRequest:
-    buy = number % 2 == 0
-    offset = 1 + number % 50
+def _order(user: User, number: int, buyer: bool) -> gateway_pb2.PlaceOrderRequest:
+    """One lot at the reference price: buyers' and sellers' orders trade with each other,
+    so the book stays small and the run includes fills, not only resting orders."""
     return gateway_pb2.PlaceOrderRequest(
         user_id=user.user_id,
         client_order_id=f"b{number}",
         symbol=SYMBOL,
-        side=common_pb2.SIDE_BUY if buy else common_pb2.SIDE_SELL,
+        side=common_pb2.SIDE_BUY if buyer else common_pb2.SIDE_SELL,
         order_type=common_pb2.ORDER_TYPE_LIMIT,
         time_in_force=common_pb2.TIME_IN_FORCE_GTC,
-        price_ticks=REFERENCE_PRICE_TICKS - offset if buy else REFERENCE_PRICE_TICKS + offset,
+        price_ticks=REFERENCE_PRICE_TICKS,
         quantity_lots=1,
     )
 
@@ -199,8 +201,9 @@ async def _unary_phase(
     async def place(slot_ns: int, number: int) -> None:
         nonlocal refused
         try:
-            user = users[number % len(users)]
-            request = _order(user, number)
+            index = number % len(users)
+            user = users[index]
+            request = _order(user, number, buyer=index % 2 == 0)
             metadata = signed_metadata(
                 user.api_key, user.api_secret, PLACE_METHOD, request, _now_ms()
             )
@@ -250,6 +253,7 @@ async def _stream_phase(
     async def one_stream(index: int) -> None:
         nonlocal refused
         user = users[index % len(users)]
+        buyer = index % 2 == 0  # streams pair up: even ones buy, odd ones sell
         sent_at: dict[int, int] = {}
         outstanding = asyncio.Semaphore(arguments.stream_outstanding)
         done_sending = asyncio.Event()
@@ -276,7 +280,7 @@ async def _stream_phase(
                         await outstanding.acquire()
                         number = next(sequence)
                         sent_at[number] = slot if rate else time.perf_counter_ns()
-                        batch.requests.add(request_id=number, place=_order(user, number))
+                        batch.requests.add(request_id=number, place=_order(user, number, buyer))
                     due -= len(batch.requests)
                     yield batch
             done_sending.set()
