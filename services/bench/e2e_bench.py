@@ -28,8 +28,9 @@ import itertools
 import math
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ PLACE_METHOD = "/oms.v1.OrderGateway/PlaceOrder"
 TRADE_METHOD = "/oms.v1.OrderGateway/Trade"
 FUNDS_USDT = 10**15
 FUNDS_BTC = 10**13
+REFUSALS: Counter[str] = Counter()  # refused orders by reason, over the whole run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +89,7 @@ class PhaseResult:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    cpu_us_per_order: dict[str, float] = field(default_factory=dict)
 
     @property
     def orders_per_s(self) -> float:
@@ -124,11 +127,17 @@ async def _measure(mesh: LaunchedMesh, arguments: argparse.Namespace) -> list[Ph
         orders = gateway_pb2_grpc.OrderGatewayStub(channel)
         sequence = itertools.count(1)
         results: list[PhaseResult] = []
-        for rate in _rates(arguments.unary_rates):
-            results.append(await _unary_phase(orders, users, rate, sequence, arguments))
-            print(_line(results[-1]), flush=True)
-        for rate in _rates(arguments.stream_rates):
-            results.append(await _stream_phase(orders, users, rate, sequence, arguments))
+        phases = [(_unary_phase, rate) for rate in _rates(arguments.unary_rates)]
+        phases += [(_stream_phase, rate) for rate in _rates(arguments.stream_rates)]
+        for phase, rate in phases:
+            before = mesh.service_cpu_seconds()
+            result = await phase(orders, users, rate, sequence, arguments)
+            after = mesh.service_cpu_seconds()
+            per_order = {
+                name: 1e6 * (used - before.get(name, 0.0)) / max(result.acked, 1)
+                for name, used in sorted(after.items())
+            }
+            results.append(replace(result, cpu_us_per_order=per_order))
             print(_line(results[-1]), flush=True)
     return results
 
@@ -212,6 +221,7 @@ async def _unary_phase(
                 latencies_ns.append(time.perf_counter_ns() - slot_ns)
             else:
                 refused += 1
+                REFUSALS[shard_pb2.ShardRejectReason.Name(ack.reject_reason)] += 1
         finally:
             limit.release()
 
@@ -300,6 +310,7 @@ async def _stream_phase(
                     latencies_ns.append(now - slot)
                 else:
                     refused += 1
+                    REFUSALS[_reason(response)] += 1
             if done_sending.is_set() and not sent_at:
                 all_answered.set()
                 call.cancel()
@@ -310,6 +321,12 @@ async def _stream_phase(
     return PhaseResult(
         "stream", rate, len(latencies_ns), refused, elapsed, *summarize_ms(latencies_ns)
     )
+
+
+def _reason(response: gateway_pb2.TradeResponse) -> str:
+    if response.WhichOneof("response") == "error":
+        return gateway_pb2.GatewayErrorReason.Name(response.error.reason)
+    return shard_pb2.ShardRejectReason.Name(response.place.reject_reason)
 
 
 def _now_ms() -> int:
@@ -338,6 +355,18 @@ def _report(
     )
     for result in results:
         print(_line(result))
+    print("\nCPU per acknowledged order, µs, by service process (the mesh shares the cores):")
+    names = sorted({name for result in results for name in result.cpu_us_per_order})
+    print(f"{'api':<8}{'offered':>9}" + "".join(f"{name:>12}" for name in names))
+    for result in results:
+        offered = f"{result.offered_per_s:,}" if result.offered_per_s else "max"
+        print(
+            f"{result.api:<8}{offered:>9}"
+            + "".join(f"{result.cpu_us_per_order.get(name, 0.0):>12,.0f}" for name in names)
+        )
+    if REFUSALS:
+        print("refused by reason: " + ", ".join(f"{k} {v:,}" for k, v in REFUSALS.most_common()))
+    print()
     print(
         f"{'baseline':<8}{'max':>9}{baseline_per_s:>12,.0f}{baseline_p50_ms:>9.2f}"
         f"{baseline_p99_ms:>9.2f}   (SELECT … FOR UPDATE; UPDATE; INSERT per order,"

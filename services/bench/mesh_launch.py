@@ -108,6 +108,45 @@ class LaunchedMesh:
                 process.wait()
         LocalInfra(self.state_dir).down()
 
+    def service_cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) each service process of the mesh has used so far."""
+        if self.process is None:
+            return {}
+        tick = os.sysconf("SC_CLK_TCK")
+        used: dict[str, float] = {}
+        for pid in _children(self.process.pid):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited meanwhile
+            name = _service_name([part.decode(errors="replace") for part in argv])
+            if name:
+                used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return used
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _service_name(argv: list[str]) -> str:
+    """ "shard", "matcher-g1", ... from `python -m services.command_line <service> ...`."""
+    if "services.command_line" not in argv:
+        return ""
+    rest = argv[argv.index("services.command_line") + 1 :]
+    if not rest:
+        return ""
+    if rest[0] == "matcher" and "--group" in rest:
+        return f"matcher-{rest[rest.index('--group') + 1]}"
+    return rest[0]
+
 
 def _serving(address: str) -> bool:
     try:
