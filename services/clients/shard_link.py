@@ -24,14 +24,17 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable
 
 import grpc
+import structlog
 
 from protos.oms.v1 import shard_pb2
 from services.clients.channels import mesh_channel
 
+log = structlog.get_logger(__name__)
 EXECUTE_METHOD = "/oms.v1.UserShard/Execute"
 MAX_COMMANDS_PER_BATCH = 1_000
 MAX_QUEUED_COMMANDS = 50_000  # callers beyond this wait: backpressure, never a drop
 DEFAULT_LINGER_S = 0.0005
+STALL_S = 5.0  # queued this long with a live stream: the stream is wedged, replace it
 
 
 class ShardUnavailableError(ConnectionError):
@@ -57,6 +60,9 @@ class ShardLink:
         self.sent_commands = 0
         self.breaks = 0  # streams that ended; mesh commands sent on them may be lost
         self.timeouts = 0
+        self.stalls = 0
+        self._pending_since: float | None = None  # loop time the oldest queued command arrived
+        self._reader_gone = False  # the stream's request iterator ended while the call lives
         self._deadlines: deque[tuple[float, asyncio.Future[shard_pb2.ShardResult]]] = deque()
         self._expiry_task: asyncio.Task[None] | None = None
         self._broken = asyncio.Event()
@@ -97,8 +103,18 @@ class ShardLink:
         while len(self._pending) >= MAX_QUEUED_COMMANDS:
             self._room.clear()
             await self._room.wait()
+        if not self._pending:
+            self._pending_since = asyncio.get_running_loop().time()
         self._pending.append(command)
         self._queued.set()
+
+    def _stalled(self) -> bool:
+        since = self._pending_since
+        return (
+            bool(self._pending)
+            and since is not None
+            and asyncio.get_running_loop().time() - since > STALL_S
+        )
 
     async def wait_broken(self) -> None:
         """Return once the current stream has broken.
@@ -127,7 +143,16 @@ class ShardLink:
     # --- the stream ------------------------------------------------------------------
 
     def _ensure_stream(self) -> None:
-        if self._stream_task is None or self._stream_task.done():
+        task = self._stream_task
+        if task is not None and not task.done() and (self._reader_gone or self._stalled()):
+            # Commands have waited for the stream's reader far longer than a batch takes:
+            # the stream is wedged. Replace it once the old one has failed its waiters.
+            self.stalls += 1
+            log.warning("shard_link.stream_stalled", shard=self.address, queued=len(self._pending))
+            task.add_done_callback(lambda _: self._ensure_stream())
+            task.cancel()
+            return
+        if task is None or task.done():
             self._prefix = secrets.randbits(31) << 32
             self._ids = itertools.count(1)
             self._broken = asyncio.Event()
@@ -152,6 +177,9 @@ class ShardLink:
             error: BaseException = ShardUnavailableError(f"shard {self.address} closed the stream")
         except grpc.aio.AioRpcError as rpc_error:
             error = ShardUnavailableError(f"shard {self.address}: {rpc_error.code().name}")
+        except asyncio.CancelledError:
+            self._fail_waiting(ShardUnavailableError(f"shard {self.address}: stream replaced"))
+            raise
         finally:
             # A call that ended with an error does not stop its request iterator: tell it.
             ended.set()
@@ -161,28 +189,36 @@ class ShardLink:
         self._fail_waiting(error)
 
     async def _batches(self, ended: asyncio.Event) -> AsyncIterator[bytes]:
-        pending = self._pending
-        while True:
-            if not pending:
-                while not pending:
-                    self._queued.clear()
-                    if not await _first_of(self._queued, ended):
-                        return
-                # Unary callers arrive one per loop turn: a short linger after an idle spell
-                # lets a burst share one batch (one message, one log entry) instead of one each.
-                if self.linger_s > 0:
-                    await asyncio.sleep(self.linger_s)
-            if ended.is_set():
-                return
-            batch = shard_pb2.ShardCommandBatch()
-            commands = batch.commands
-            while pending and len(commands) < MAX_COMMANDS_PER_BATCH:
-                commands.append(pending.popleft())
-            if len(pending) < MAX_QUEUED_COMMANDS:
-                self._room.set()
-            self.sent_batches += 1
-            self.sent_commands += len(commands)
-            yield batch.SerializeToString()
+        self._reader_gone = False
+        try:
+            pending = self._pending
+            while True:
+                if not pending:
+                    while not pending:
+                        self._queued.clear()
+                        if not await _first_of(self._queued, ended):
+                            return
+                    # Unary callers arrive one per loop turn: a short linger after an idle spell
+                    # lets a burst share one batch (one message, one log entry) instead of one each.
+                    if self.linger_s > 0:
+                        await asyncio.sleep(self.linger_s)
+                if ended.is_set():
+                    return
+                batch = shard_pb2.ShardCommandBatch()
+                commands = batch.commands
+                while pending and len(commands) < MAX_COMMANDS_PER_BATCH:
+                    commands.append(pending.popleft())
+                self._pending_since = asyncio.get_running_loop().time() if pending else None
+                if len(pending) < MAX_QUEUED_COMMANDS:
+                    self._room.set()
+                self.sent_batches += 1
+                self.sent_commands += len(commands)
+                yield batch.SerializeToString()
+        finally:
+            # Ended without its call ending (an error inside grpc's request consumer):
+            # nothing would read the queue again on this stream.
+            if not ended.is_set():
+                self._reader_gone = True
 
     async def _expire(self, interval_s: float) -> None:
         """Fail the commands whose deadline passed; runs while any deadline is pending."""
