@@ -36,7 +36,27 @@ ORDER_SERVICE = "/oms.v1.OrderGateway/"
 ADMIN_SERVICE = "/oms.v1.AdminGateway/"
 
 
-class OmsClient:
+class _SignedClient:
+    """One signed channel, closed when the client is."""
+
+    _signed: SignedChannel
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._signed.close()
+
+
+class OmsClient(_SignedClient):
     """The public API, for one user's key."""
 
     def __init__(
@@ -54,20 +74,6 @@ class OmsClient:
         self._signed = SignedChannel(
             address, api_key, api_secret, channel=channel, clock_ms=clock_ms, timeout_s=timeout_s
         )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self._signed.close()
 
     # --- orders ---------------------------------------------------------------------------
 
@@ -164,7 +170,7 @@ class OmsClient:
         return TradeStream(self._signed)
 
 
-class AdminClient:
+class AdminClient(_SignedClient):
     """The admin API, with the admin key."""
 
     def __init__(
@@ -180,20 +186,6 @@ class AdminClient:
         self._signed = SignedChannel(
             address, api_key, api_secret, channel=channel, clock_ms=clock_ms, timeout_s=timeout_s
         )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self._signed.close()
 
     async def create_user(
         self,
