@@ -13,7 +13,7 @@ from bridge.settings import BridgeSettings
 from services.clients.matcher_directory import MatcherDirectory
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
-from services.observability.tracing import configure_tracing
+from services.observability.tracing import configure_tracing, tracing_enabled
 from services.serving.service_host import ServiceHost
 from services.settings import load_settings
 
@@ -52,6 +52,6 @@ def run(arguments: argparse.Namespace) -> int:
         },
     )
     configure_logging(f"bridge-{settings.shard_id}", settings.log_level)
-    tracing = configure_tracing("oms-bridge")
-    uvloop.run(serve(settings, traced=bool(tracing.otlp_endpoint)))
+    configure_tracing("oms-bridge")
+    uvloop.run(serve(settings, traced=tracing_enabled()))
     return 0
