@@ -3,8 +3,9 @@
 Each group's `StreamLastPrices` is followed on its own connection; the newest
 price of each symbol waits in `pending` (a newer one replaces it), and one
 `UserShard/PublishMarks` stream carries whatever is pending as one `MarkPrices`
-message per loop turn. The shard conflates again and logs marks at its own
-cadence, so a lost tick costs nothing that the next one does not repair.
+message at most every `interval_ms` (the matchers conflate to that cadence too).
+The shard conflates again and logs marks at its own cadence, so a lost tick
+costs nothing that the next one does not repair.
 
 Each stream reconnects on its own with the bridge's backoff: a matcher that is
 down stops only its symbols' marks, and a shard that is down stops none of the
@@ -36,12 +37,14 @@ class MarkFeed:
         matchers: Mapping[str, str],
         statistics: BridgeStatistics,
         *,
+        interval_ms: int,
         backoff_initial_ms: int,
         backoff_max_ms: int,
     ) -> None:
         self.shard_address = shard_address
         self.matchers = dict(matchers)
         self.statistics = statistics
+        self.interval_ms = interval_ms
         self.backoff_initial_ms = backoff_initial_ms
         self.backoff_max_ms = backoff_max_ms
         self.known: dict[str, int] = {}  # symbol -> newest price read (ticks)
@@ -78,7 +81,7 @@ class MarkFeed:
                 async with mesh_channel(address) as channel:
                     await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
                     call = matcher_pb2_grpc.MatcherStub(channel).StreamLastPrices(
-                        matcher_pb2.LastPriceRequest()
+                        matcher_pb2.LastPriceRequest(min_interval_ms=self.interval_ms)
                     )
                     try:
                         async for price in call:
@@ -115,3 +118,5 @@ class MarkFeed:
             yield marks
             backoff.reset()
             counters.marks_published += len(marks.prices)
+            if self.interval_ms:
+                await asyncio.sleep(self.interval_ms / 1000)  # the next ones conflate meanwhile

@@ -61,6 +61,7 @@ class BridgeService:
                 shard_id=settings.shard_id,
                 queue_capacity=settings.queue_capacity,
                 max_batch_commands=settings.max_batch_commands,
+                event_delay_ms=settings.event_delay_ms,
                 backoff=Backoff(settings.backoff_initial_ms, settings.backoff_max_ms),
                 statistics=self.statistics,
                 traced=traced,
@@ -71,6 +72,7 @@ class BridgeService:
             settings.shard_address,
             directory.addresses,
             self.statistics,
+            interval_ms=settings.mark_interval_ms,
             backoff_initial_ms=settings.backoff_initial_ms,
             backoff_max_ms=settings.backoff_max_ms,
         )
@@ -117,7 +119,11 @@ class BridgeService:
                         tasks.create_task(lane.run(shard, delivery, first))
                     tasks.create_task(
                         follow_egress(
-                            shard, snapshot.as_of_position + 1, self.lanes, self.statistics
+                            shard,
+                            snapshot.as_of_position + 1,
+                            self.lanes,
+                            self.statistics,
+                            max_delay_ms=self.settings.egress_delay_ms,
                         )
                     )
         finally:

@@ -53,6 +53,7 @@ class EgressFollower:
         counters: Counters,
         *,
         on_connect: Callable[[], Awaitable[None]],
+        max_delay_ms: int = 0,
     ) -> None:
         self.shard_address = shard_address
         self.buffer = buffer
@@ -60,6 +61,7 @@ class EgressFollower:
         self.dedup = dedup
         self.counters = counters
         self.on_connect = on_connect
+        self.max_delay_ms = max_delay_ms
         self.received_through = 0
 
     async def run(self) -> None:
@@ -78,7 +80,10 @@ class EgressFollower:
                 log.info(
                     "persister.egress_subscribed", shard=self.shard_address, from_position=start
                 )
-                call = subscribe(shard_pb2.EgressSubscription(from_position=start, kinds=KINDS))
+                request = shard_pb2.EgressSubscription(
+                    from_position=start, kinds=KINDS, max_delay_ms=self.max_delay_ms
+                )
+                call = subscribe(request)
                 try:
                     async for message in call:
                         await self._take(message)

@@ -33,6 +33,8 @@ log = structlog.get_logger(__name__)
 _tracer = tracer(__name__)
 SERVICE_NAME = "oms.v1.Matcher"
 EVENTS_PER_MESSAGE = 1000
+MAX_SUBSCRIBE_DELAY_MS = 1_000
+MAX_PRICE_INTERVAL_MS = 10_000
 
 
 class DurableView:
@@ -129,9 +131,16 @@ class MatcherServicer:
     ) -> AsyncIterator[matcher_pb2.MatcherEventBatch]:
         shard = request.oms_shard
         next_sequence = max(1, request.from_sequence)
+        linger_s = min(request.max_delay_ms, MAX_SUBSCRIBE_DELAY_MS) / 1000
+        caught_up = False
         while True:
             durable = self.view.sequences.get(shard, 0)
             if next_sequence <= durable:
+                if caught_up and linger_s > 0:
+                    # New events after a quiet spell: let the ones right behind them join.
+                    caught_up = False
+                    await asyncio.sleep(linger_s)
+                    continue
                 try:
                     events = self.machine.events_from(
                         shard, next_sequence, min(EVENTS_PER_MESSAGE, durable - next_sequence + 1)
@@ -142,6 +151,7 @@ class MatcherServicer:
                     next_sequence = events[-1].sequence + 1
                     yield matcher_pb2.MatcherEventBatch(events=events)
                     continue
+            caught_up = True
             await self.view.wait_change()
 
     async def get_order(
@@ -164,6 +174,7 @@ class MatcherServicer:
         self, request: matcher_pb2.LastPriceRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[matcher_pb2.LastPrice]:
         wanted = set(request.symbols)
+        interval_s = min(request.min_interval_ms, MAX_PRICE_INTERVAL_MS) / 1000
         sent: dict[str, int] = {}
         while True:
             for symbol, price in list(self.view.last_prices.items()):
@@ -171,6 +182,8 @@ class MatcherServicer:
                     sent[symbol] = price.trade_id
                     yield price
             await self.view.wait_change()
+            if interval_s > 0:
+                await asyncio.sleep(interval_s)  # prices of that span conflate: newest wins
 
     async def _wait_durable(self) -> None:
         node = self.host.node

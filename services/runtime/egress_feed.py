@@ -79,19 +79,34 @@ class DurableEgressFeed(Generic[EgressT]):
 
     async def subscribe(self, from_position: int) -> AsyncIterator[EgressRecord[EgressT]]:
         """Records holding positions >= `from_position`, then new ones as they come."""
+        async for records in self.subscribe_batches(from_position):
+            for record in records:
+                yield record
+
+    async def subscribe_batches(
+        self, from_position: int, *, linger_s: float = 0.0
+    ) -> AsyncIterator[list[EgressRecord[EgressT]]]:
+        """As `subscribe`, every record ready at once in one list.
+
+        With `linger_s`, a subscriber that had caught up waits that long after the
+        next record before taking what is ready: records of that span arrive
+        together, so a consumer pays its per-message cost once for all of them.
+        """
         next_position = from_position
         while True:
             ready = self._records_from(next_position)
-            for record in ready:
-                yield record
-                next_position = record.last_position + 1
             if ready:
+                next_position = ready[-1].last_position + 1
+                yield ready
                 continue
             if self._closed:
                 return
             async with self._changed:
-                if not self._records_from(next_position) and not self._closed:
-                    await self._changed.wait()
+                if self._records_from(next_position) or self._closed:
+                    continue
+                await self._changed.wait()
+            if linger_s > 0:
+                await asyncio.sleep(linger_s)
 
     def _records_from(self, position: int) -> list[EgressRecord[EgressT]]:
         records = self._records

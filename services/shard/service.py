@@ -45,6 +45,7 @@ log = structlog.get_logger(__name__)
 _tracer = tracer(__name__)
 SERVICE_NAME = "oms.v1.UserShard"
 EGRESS_PER_MESSAGE = 2_000
+MAX_EGRESS_DELAY_MS = 1_000  # a subscriber may ask to wait for company, not to stall
 FINALS_GRACE_S = 30.0
 MAX_USER_PAGE = 10_000
 Egress = Any  # the union of core egress records
@@ -174,20 +175,22 @@ class ShardServicer:
     ) -> AsyncIterator[bytes]:
         kinds = frozenset(request.kinds)
         start = max(1, request.from_position)
+        linger_s = min(request.max_delay_ms, MAX_EGRESS_DELAY_MS) / 1000
         try:
-            async for record in self.host.feed.subscribe(start):
+            async for records in self.host.feed.subscribe_batches(start, linger_s=linger_s):
                 chunk: list[bytes] = []
                 previous = 0
-                for position, kind, frame in self.frames.of(record):
-                    if position < start:
-                        continue  # a resume inside a multi-entry record: already delivered
-                    # Split only between positions' items, never inside one position.
-                    if position != previous and len(chunk) >= EGRESS_PER_MESSAGE:
-                        yield b"".join(chunk)
-                        chunk = []
-                    previous = position
-                    if not kinds or kind in kinds:
-                        chunk.append(frame)
+                for record in records:
+                    for position, kind, frame in self.frames.of(record):
+                        if position < start:
+                            continue  # a resume inside a multi-entry record: delivered
+                        # Split only between positions' items, never inside one position.
+                        if position != previous and len(chunk) >= EGRESS_PER_MESSAGE:
+                            yield b"".join(chunk)
+                            chunk = []
+                        previous = position
+                        if not kinds or kind in kinds:
+                            chunk.append(frame)
                 if chunk:
                     yield b"".join(chunk)
         except EgressWindowExceededError as error:
