@@ -8,8 +8,11 @@ commands) and real `fdatasync` group commit:
 3. the longest stall of the event loop while a snapshot of a 1,000,000-entry
    state is forked and written, next to the same window without a snapshot.
 
-The producer runs in the same process and event loop as the sequencer, as a
-gRPC ingress would, so its cost is included in every figure.
+The producer runs in the same process and event loop (uvloop, as in the
+services) as the sequencer, as a gRPC ingress would, so its cost is included in
+every figure. Each latency phase first runs `--settle-seconds` at its rate
+unmeasured: a fresh log zero-fills its spare segment then, and thread and page
+caches warm up; the figures are the steady state after that.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import uvloop
+
 from services.bench.latency import summarize_ms
 from services.runtime.core.counter_machine import CounterMachine, encode_increment
-from services.runtime.file_log import preallocate
+from services.runtime.file_log import FileLogStore, preallocate
 from services.runtime.node import NodeSettings, RuntimeNode
 from services.runtime.sequencer import SequencerSettings
 
@@ -39,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="offered rates in entries/s for the latency phase (comma-separated)",
     )
     parser.add_argument("--group", type=int, default=100, help="entries per submission")
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=1.0,
+        help="unmeasured load before each latency phase",
+    )
     parser.add_argument("--snapshot-entries", type=int, default=1_000_000)
     parser.add_argument(
         "--dir", type=Path, default=None, help="folder for the log (default: a temporary one)"
@@ -54,6 +65,8 @@ class LoadResult:
     max_ms: float
     batches: int
     entries: int
+    write_p50_ms: float | None = None  # the O_DSYNC write calls of the measured span
+    write_p99_ms: float | None = None
 
 
 def _commands(group: int) -> list[bytes]:
@@ -106,8 +119,13 @@ async def closed_loop(directory: Path, seconds: float, group: int, window: int) 
     )
 
 
-async def open_loop(directory: Path, seconds: float, group: int, rate: float) -> LoadResult:
-    """Offer `rate` entries/s in submissions of `group`, whatever the runtime does."""
+async def open_loop(
+    directory: Path, seconds: float, group: int, rate: float, settle_s: float = 0.0
+) -> LoadResult:
+    """Offer `rate` entries/s in submissions of `group`, whatever the runtime does.
+
+    The first `settle_s` of load is offered the same way but not measured.
+    """
     node, task = await _open_node(directory)
     sequencer = node.sequencer
     commands = _commands(group)
@@ -115,42 +133,57 @@ async def open_loop(directory: Path, seconds: float, group: int, rate: float) ->
     pending: set[asyncio.Future[object]] = set()
     before = sequencer.statistics()
     interval = group / rate
+    writes: list[int] = []
+    if isinstance(node.log_store, FileLogStore):
+        node.log_store.write_samples_ns = writes
     started = time.perf_counter()
     sent = 0
+    measured_sent = 0
+    measuring = settle_s <= 0
+    measure_started = started
 
-    def record(started_ns: int) -> Callable[[asyncio.Future[object]], None]:
+    def record(started_ns: int, measured: bool) -> Callable[[asyncio.Future[object]], None]:
         def done(future: asyncio.Future[object]) -> None:
             pending.discard(future)
-            if not future.cancelled() and future.exception() is None:
+            if measured and not future.cancelled() and future.exception() is None:
                 latencies.append(time.perf_counter_ns() - started_ns)
 
         return done
 
     while True:
         now = time.perf_counter()
-        if now - started >= seconds:
+        if not measuring and now - started >= settle_s:
+            measuring = True
+            measure_started = now
+            before = sequencer.statistics()
+            writes.clear()
+        if now - started >= settle_s + seconds:
             break
         due = int((now - started) / interval) + 1
         while sent < due:
             future = sequencer.submit_many(commands)
             pending.add(future)  # type: ignore[arg-type]
-            future.add_done_callback(record(time.perf_counter_ns()))  # type: ignore[arg-type]
+            future.add_done_callback(record(time.perf_counter_ns(), measuring))  # type: ignore[arg-type]
             sent += 1
+            measured_sent += measuring
         await asyncio.sleep(max(0.0, started + due * interval - time.perf_counter()))
     if pending:
         await asyncio.gather(*pending)
-    elapsed = time.perf_counter() - started
+    elapsed = time.perf_counter() - measure_started
     after = sequencer.statistics()
     await _close_node(node, task)
     p50, p99, worst = summarize_ms(latencies)
+    write_p50, write_p99, _ = summarize_ms(writes)
     return LoadResult(
         rate,
-        sent * group / elapsed,
+        measured_sent * group / elapsed,
         p50,
         p99,
         worst,
         after.batches - before.batches,
-        sent * group,
+        measured_sent * group,
+        write_p50,
+        write_p99,
     )
 
 
@@ -242,10 +275,13 @@ async def snapshot_pause(directory: Path, entries: int, seconds: float) -> dict[
 def _print_result(label: str, result: LoadResult, floor: tuple[float, float] | None = None) -> None:
     offered = f"{result.offered_per_second:>10,.0f}" if result.offered_per_second else "       max"
     floor_text = f"   {floor[0]:.3f} / {floor[1]:.3f}" if floor else ""
+    writes_text = ""
+    if result.write_p50_ms is not None and result.write_p99_ms is not None:
+        writes_text = f"   {result.write_p50_ms:.3f} / {result.write_p99_ms:.3f}"
     print(
         f"{label:<12}{offered} {result.achieved_per_second:>12,.0f} "
         f"{result.p50_ms:>9.3f} {result.p99_ms:>9.3f} {result.max_ms:>9.3f} "
-        f"{result.entries / max(1, result.batches):>10.1f}{floor_text}"
+        f"{result.entries / max(1, result.batches):>10.1f}{writes_text}{floor_text}"
     )
 
 
@@ -255,7 +291,7 @@ async def _main(arguments: argparse.Namespace) -> None:
         print(f"log folder: {root} (one O_DSYNC write per batch, preallocated segments)")
         header = (
             f"{'phase':<12}{'offered/s':>10} {'durable/s':>12} {'p50 ms':>9} {'p99 ms':>9} "
-            f"{'max ms':>9} {'per batch':>10}   disk floor p50/p99 ms"
+            f"{'max ms':>9} {'per batch':>10}   its writes p50/p99 ms   disk alone p50/p99 ms"
         )
         print(header)
         print("-" * len(header))
@@ -264,7 +300,11 @@ async def _main(arguments: argparse.Namespace) -> None:
         for index, rate_text in enumerate(arguments.rates.split(",")):
             rate = float(rate_text)
             result = await open_loop(
-                root / f"open-{index}", arguments.seconds, arguments.group, rate
+                root / f"open-{index}",
+                arguments.seconds,
+                arguments.group,
+                rate,
+                arguments.settle_seconds,
             )
             floor = disk_floor(root / "floor", arguments.group / rate, min(2.0, arguments.seconds))
             _print_result("open-loop", result, floor)
@@ -285,5 +325,5 @@ async def _main(arguments: argparse.Namespace) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    asyncio.run(_main(arguments))
+    uvloop.run(_main(arguments))
     return 0
