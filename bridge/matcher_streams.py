@@ -59,7 +59,6 @@ class MatcherLane:
         queue_capacity: int,
         max_batch_commands: int,
         backoff: Backoff,
-        event_delay_ms: int = 0,
         statistics: BridgeStatistics,
         traced: bool = False,
     ) -> None:
@@ -68,7 +67,6 @@ class MatcherLane:
         self.shard_id = shard_id
         self.queue = WorkQueue(group, queue_capacity)
         self.max_batch_commands = max_batch_commands
-        self.event_delay_ms = event_delay_ms
         self.backoff = backoff
         self.statistics = statistics
         # Only a bridge that exports spans sends sampled orders on calls of their own.
@@ -188,11 +186,7 @@ class MatcherLane:
         next_sequence = from_sequence
         while True:
             call = stub.Subscribe(
-                matcher_pb2.SubscribeRequest(
-                    oms_shard=self.shard_id,
-                    from_sequence=next_sequence,
-                    max_delay_ms=self.event_delay_ms,
-                )
+                matcher_pb2.SubscribeRequest(oms_shard=self.shard_id, from_sequence=next_sequence)
             )
             try:
                 async for batch in call:

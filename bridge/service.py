@@ -61,7 +61,6 @@ class BridgeService:
                 shard_id=settings.shard_id,
                 queue_capacity=settings.queue_capacity,
                 max_batch_commands=settings.max_batch_commands,
-                event_delay_ms=settings.event_delay_ms,
                 backoff=Backoff(settings.backoff_initial_ms, settings.backoff_max_ms),
                 statistics=self.statistics,
                 traced=traced,
@@ -119,11 +118,7 @@ class BridgeService:
                         tasks.create_task(lane.run(shard, delivery, first))
                     tasks.create_task(
                         follow_egress(
-                            shard,
-                            snapshot.as_of_position + 1,
-                            self.lanes,
-                            self.statistics,
-                            max_delay_ms=self.settings.egress_delay_ms,
+                            shard, snapshot.as_of_position + 1, self.lanes, self.statistics
                         )
                     )
         finally:

@@ -40,16 +40,6 @@ class BridgeSettings:
         default=3 * 1024 * 1024,
         help="bytes of events in one batch to the shard, under the shard's entry cap (4 MiB)",
     )
-    egress_delay_ms: int = setting(
-        env="OMS_BRIDGE_EGRESS_DELAY_MS",
-        default=2,
-        help="the shard may hold new sagas this long so they share one message",
-    )
-    event_delay_ms: int = setting(
-        env="OMS_BRIDGE_EVENT_DELAY_MS",
-        default=2,
-        help="a matcher may hold new events this long so they share one message",
-    )
     mark_interval_ms: int = setting(
         env="OMS_BRIDGE_MARK_INTERVAL_MS",
         default=50,

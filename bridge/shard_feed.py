@@ -25,15 +25,11 @@ async def follow_egress(
     from_position: int,
     lanes: Mapping[str, MatcherLane],
     statistics: BridgeStatistics,
-    *,
-    max_delay_ms: int = 0,
 ) -> None:
     """Forward SubmitToME / CancelToME from `from_position` on; raise when the stream ends."""
     counters = statistics.counters
     call = shard.SubscribeEgress(
-        shard_pb2.EgressSubscription(
-            from_position=from_position, kinds=list(SAGA_KINDS), max_delay_ms=max_delay_ms
-        )
+        shard_pb2.EgressSubscription(from_position=from_position, kinds=list(SAGA_KINDS))
     )
     try:
         async for batch in call:

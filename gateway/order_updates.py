@@ -54,18 +54,10 @@ class OrderUpdateSubscriber:
 
 
 class OrderUpdateFanout:
-    def __init__(
-        self,
-        shard: ShardEndpoint,
-        counters: GatewayCounters,
-        *,
-        capacity: int,
-        max_delay_ms: int = 0,
-    ) -> None:
+    def __init__(self, shard: ShardEndpoint, counters: GatewayCounters, *, capacity: int) -> None:
         self.shard = shard
         self.counters = counters
         self.capacity = capacity
-        self.max_delay_ms = max_delay_ms
         self.following = asyncio.Event()  # a start position is known: updates are not missed
         self._subscribers: dict[int, dict[OrderUpdateSubscriber, None]] = {}
         self._count = 0
@@ -100,9 +92,7 @@ class OrderUpdateFanout:
             await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
 
     async def _follow(self) -> None:
-        request = shard_pb2.EgressSubscription(
-            from_position=self._position, kinds=["order_update"], max_delay_ms=self.max_delay_ms
-        )
+        request = shard_pb2.EgressSubscription(from_position=self._position, kinds=["order_update"])
         call = self.shard.stub.SubscribeEgress(request)
         try:
             skip = self._delivered_at_position

@@ -63,10 +63,7 @@ class Gateway:
         )
         self.router = ShardRouter(StaticRouting(shard), counters)
         self.order_updates = OrderUpdateFanout(
-            shard,
-            counters,
-            capacity=settings.order_update_queue,
-            max_delay_ms=settings.order_update_delay_ms,
+            shard, counters, capacity=settings.order_update_queue
         )
         self.matchers = MatcherControl(directory, timeout_s=settings.matcher_timeout_ms / 1000)
         validator = RequestValidator(catalog, wall_clock_ms)

@@ -47,11 +47,6 @@ class GatewaySettings:
         default=60_000,
         help="hydrate-ahead asks the persister at most once per user per interval",
     )
-    order_update_delay_ms: int = setting(
-        env="OMS_GATEWAY_ORDER_UPDATE_DELAY_MS",
-        default=5,
-        help="the shard may hold new order updates this long so they share one message",
-    )
     order_update_queue: int = setting(
         env="OMS_GATEWAY_ORDER_UPDATE_QUEUE",
         default=10_000,

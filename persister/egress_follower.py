@@ -53,7 +53,6 @@ class EgressFollower:
         counters: Counters,
         *,
         on_connect: Callable[[], Awaitable[None]],
-        max_delay_ms: int = 0,
     ) -> None:
         self.shard_address = shard_address
         self.buffer = buffer
@@ -61,7 +60,6 @@ class EgressFollower:
         self.dedup = dedup
         self.counters = counters
         self.on_connect = on_connect
-        self.max_delay_ms = max_delay_ms
         self.received_through = 0
 
     async def run(self) -> None:
@@ -80,10 +78,7 @@ class EgressFollower:
                 log.info(
                     "persister.egress_subscribed", shard=self.shard_address, from_position=start
                 )
-                request = shard_pb2.EgressSubscription(
-                    from_position=start, kinds=KINDS, max_delay_ms=self.max_delay_ms
-                )
-                call = subscribe(request)
+                call = subscribe(shard_pb2.EgressSubscription(from_position=start, kinds=KINDS))
                 try:
                     async for message in call:
                         await self._take(message)

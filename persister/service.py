@@ -104,7 +104,6 @@ class PersisterService:
             self.dedup,
             self.counters,
             on_connect=self.resend_recent_flush_answers,
-            max_delay_ms=settings.egress_delay_ms,
         )
         self.api = PersisterApi(store, shard, self.unknown, self.counters)
 

@@ -24,11 +24,6 @@ class PersisterSettings:
         default=10,
         help="cadence of write-behind transactions",
     )
-    egress_delay_ms: int = setting(
-        env="OMS_PERSISTER_EGRESS_DELAY_MS",
-        default=5,
-        help="the shard may hold new egress this long so it arrives in fewer messages",
-    )
     max_rows_per_transaction: int = setting(env="OMS_PERSISTER_MAX_BATCH_ROWS", default=5_000)
     max_buffered_rows: int = setting(
         env="OMS_PERSISTER_MAX_BUFFERED_ROWS",

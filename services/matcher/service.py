@@ -33,7 +33,6 @@ log = structlog.get_logger(__name__)
 _tracer = tracer(__name__)
 SERVICE_NAME = "oms.v1.Matcher"
 EVENTS_PER_MESSAGE = 1000
-MAX_SUBSCRIBE_DELAY_MS = 1_000
 MAX_PRICE_INTERVAL_MS = 10_000
 
 
@@ -131,16 +130,9 @@ class MatcherServicer:
     ) -> AsyncIterator[matcher_pb2.MatcherEventBatch]:
         shard = request.oms_shard
         next_sequence = max(1, request.from_sequence)
-        linger_s = min(request.max_delay_ms, MAX_SUBSCRIBE_DELAY_MS) / 1000
-        caught_up = False
         while True:
             durable = self.view.sequences.get(shard, 0)
             if next_sequence <= durable:
-                if caught_up and linger_s > 0:
-                    # New events after a quiet spell: let the ones right behind them join.
-                    caught_up = False
-                    await asyncio.sleep(linger_s)
-                    continue
                 try:
                     events = self.machine.events_from(
                         shard, next_sequence, min(EVENTS_PER_MESSAGE, durable - next_sequence + 1)
@@ -151,7 +143,6 @@ class MatcherServicer:
                     next_sequence = events[-1].sequence + 1
                     yield matcher_pb2.MatcherEventBatch(events=events)
                     continue
-            caught_up = True
             await self.view.wait_change()
 
     async def get_order(

@@ -84,14 +84,10 @@ class DurableEgressFeed(Generic[EgressT]):
                 yield record
 
     async def subscribe_batches(
-        self, from_position: int, *, linger_s: float = 0.0
+        self, from_position: int
     ) -> AsyncIterator[list[EgressRecord[EgressT]]]:
-        """As `subscribe`, every record ready at once in one list.
-
-        With `linger_s`, a subscriber that had caught up waits that long after the
-        next record before taking what is ready: records of that span arrive
-        together, so a consumer pays its per-message cost once for all of them.
-        """
+        """As `subscribe`, every record ready at once in one list (a subscriber that
+        fell behind catches up in few messages instead of one per record)."""
         next_position = from_position
         while True:
             ready = self._records_from(next_position)
@@ -105,8 +101,6 @@ class DurableEgressFeed(Generic[EgressT]):
                 if self._records_from(next_position) or self._closed:
                     continue
                 await self._changed.wait()
-            if linger_s > 0:
-                await asyncio.sleep(linger_s)
 
     def _records_from(self, position: int) -> list[EgressRecord[EgressT]]:
         records = self._records

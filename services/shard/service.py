@@ -45,7 +45,6 @@ log = structlog.get_logger(__name__)
 _tracer = tracer(__name__)
 SERVICE_NAME = "oms.v1.UserShard"
 EGRESS_PER_MESSAGE = 2_000
-MAX_EGRESS_DELAY_MS = 1_000  # a subscriber may ask to wait for company, not to stall
 FINALS_GRACE_S = 30.0
 MAX_USER_PAGE = 10_000
 Egress = Any  # the union of core egress records
@@ -175,9 +174,8 @@ class ShardServicer:
     ) -> AsyncIterator[bytes]:
         kinds = frozenset(request.kinds)
         start = max(1, request.from_position)
-        linger_s = min(request.max_delay_ms, MAX_EGRESS_DELAY_MS) / 1000
         try:
-            async for records in self.host.feed.subscribe_batches(start, linger_s=linger_s):
+            async for records in self.host.feed.subscribe_batches(start):
                 chunk: list[bytes] = []
                 previous = 0
                 for record in records:

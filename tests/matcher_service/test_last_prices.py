@@ -105,3 +105,34 @@ async def test_a_price_is_streamed_only_once_its_trade_is_durable(tmp_path: Path
             assert len([result async for result in execute]) == 2
     finally:
         await stop_host(host, log, serving)
+
+
+async def test_prices_conflate_to_the_newest_within_the_interval_asked(
+    matcher: MatcherClient, orders: OrderFactory, users: tuple[int, ...]
+) -> None:
+    # Long enough that three trades made one after another fall inside one interval.
+    stream = matcher.stub.StreamLastPrices(
+        matcher_pb2.LastPriceRequest(symbols=[BTC], min_interval_ms=2_000)
+    )
+    trade_ids: list[int] = []
+    for step in range(3):
+        price = REFERENCE + 50 + step
+        await matcher.submit(orders.limit(users[0], SELL, price, 1))
+        await matcher.submit(orders.limit(users[1], BUY, price, 1))
+        fill = (await matcher.events(orders.shard))[-1]
+        trade_ids.append(fill.fill.trade_id)
+
+    received: list[matcher_pb2.LastPrice] = []
+
+    async def read_until_newest() -> None:
+        async for price in stream:
+            received.append(price)
+            if price.trade_id == trade_ids[-1]:
+                return
+
+    try:
+        await asyncio.wait_for(read_until_newest(), READ_TIMEOUT_S)
+    finally:
+        stream.cancel()
+    assert received[-1].price_ticks == REFERENCE + 52
+    assert trade_ids[1] not in {price.trade_id for price in received}  # conflated away
