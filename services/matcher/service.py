@@ -28,6 +28,7 @@ from services.matcher.core.event_log import FillEvent
 from services.matcher.core.machine import MatcherEgress, MatcherMachine
 from services.observability.tracing import context_from_metadata, tracer
 from services.runtime.hosting import HostPlan, RuntimeHost
+from services.runtime.sequencer import Receipt
 
 log = structlog.get_logger(__name__)
 _tracer = tracer(__name__)
@@ -82,22 +83,19 @@ class MatcherServicer:
         self.machine: MatcherMachine = host.node.replica.machine  # type: ignore[assignment]
         self.view = DurableView(self.machine)
         self.max_inflight = max_inflight
-        self.queries_waiting = 0
-        self.ingress_open = asyncio.Event()  # cleared while a query waits for durability
-        self.ingress_open.set()
 
     async def execute(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         ingress = self.host.ingress
-        window: asyncio.Queue[asyncio.Task[tuple[int, Any]] | None] = asyncio.Queue(
+        window: asyncio.Queue[asyncio.Future[Receipt[MatcherEgress]] | None] = asyncio.Queue(
             self.max_inflight
         )
 
         async def read_ahead() -> None:
             async for payload in requests:
-                await self.ingress_open.wait()
-                await window.put(asyncio.create_task(ingress.submit(payload)))
+                # In turn, so the stream's batches keep their order in the log.
+                await window.put(await ingress.enqueue(payload))
             await window.put(None)
 
         reader = asyncio.create_task(read_ahead())
@@ -111,7 +109,7 @@ class MatcherServicer:
                 if submitted is None:
                     break
                 try:
-                    _, outputs = await submitted
+                    outputs = (await submitted).outputs[0]
                 except ValueError as error:  # over the log's entry size cap: nothing logged
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
                     raise AssertionError("abort() raises") from error
@@ -148,7 +146,7 @@ class MatcherServicer:
     async def get_order(
         self, request: matcher_pb2.OrderQuery, context: grpc.aio.ServicerContext[Any, Any]
     ) -> matcher_pb2.OrderState:
-        await self._wait_durable()
+        await self.host.settled()
         state = self.machine.order_state(request.order_id)
         if state is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no order {request.order_id!r}")
@@ -158,7 +156,7 @@ class MatcherServicer:
     async def get_open_orders(
         self, request: matcher_pb2.OpenOrdersQuery, context: grpc.aio.ServicerContext[Any, Any]
     ) -> matcher_pb2.OpenOrdersSnapshot:
-        await self._wait_durable()
+        await self.host.settled()
         return self.machine.open_orders(request.oms_shard, request.user_id)
 
     async def stream_last_prices(
@@ -175,20 +173,6 @@ class MatcherServicer:
             await self.view.wait_change()
             if interval_s > 0:
                 await asyncio.sleep(interval_s)  # prices of that span conflate: newest wins
-
-    async def _wait_durable(self) -> None:
-        node = self.host.node
-        if node.replica.applied_position == node.sequencer.durable_position:
-            return
-        self.queries_waiting += 1
-        self.ingress_open.clear()
-        try:
-            while node.replica.applied_position != node.sequencer.durable_position:
-                await self.view.wait_change()
-        finally:
-            self.queries_waiting -= 1
-            if not self.queries_waiting:
-                self.ingress_open.set()
 
     def register(self, server: grpc.aio.Server) -> None:
         handlers = {

@@ -102,6 +102,11 @@ class DurableEgressFeed(Generic[EgressT]):
                     continue
                 await self._changed.wait()
 
+    async def wait_published(self) -> None:
+        """Until the next record is published."""
+        async with self._changed:
+            await self._changed.wait()
+
     def _records_from(self, position: int) -> list[EgressRecord[EgressT]]:
         records = self._records
         if not records or position > records[-1].last_position:

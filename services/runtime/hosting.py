@@ -73,6 +73,25 @@ class RuntimeHost(Generic[EgressT]):
     def stop(self) -> None:
         self._stop.set()
 
+    async def settled(self) -> None:
+        """Return once every applied entry is durable; new commands wait meanwhile.
+
+        A query answered then shows exactly the durable state, never an entry that a
+        crash could still take back. Under steady load the sequencer applies the next
+        batch before the last one is durable, so without holding ingress back the two
+        positions might never meet.
+        """
+        node = self.node
+        if node.replica.applied_position == node.sequencer.durable_position:
+            return
+        ingress = self.ingress
+        ingress.hold()
+        try:
+            while node.replica.applied_position != node.sequencer.durable_position:
+                await self.feed.wait_published()
+        finally:
+            ingress.release()
+
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
         for signal_number in (signal.SIGINT, signal.SIGTERM):

@@ -70,7 +70,6 @@ class ShardServicer:
         self.marks = TickMailbox()
         self.frames = EgressFrames()
         self.saturation_alerts = 0
-        self._durable = asyncio.Condition()
 
     # --- Execute ---------------------------------------------------------------------
 
@@ -78,7 +77,7 @@ class ShardServicer:
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         ingress = self.host.ingress
-        window: asyncio.Queue[tuple[asyncio.Task[Any], bytes] | None] = asyncio.Queue(
+        window: asyncio.Queue[tuple[asyncio.Future[Any], bytes] | None] = asyncio.Queue(
             self.max_inflight_batches
         )
         finals: asyncio.Queue[Stamped] = asyncio.Queue()
@@ -91,16 +90,16 @@ class ShardServicer:
         async def read_ahead() -> None:
             try:
                 async for payload in requests:
-                    task = asyncio.create_task(ingress.submit_receipt(payload))
-                    await window.put((task, payload))
+                    # In turn, so one stream's batches keep their order in the log.
+                    await window.put((await ingress.enqueue(payload), payload))
             finally:
                 await window.put(None)
 
         async def answer_entries() -> None:
             nonlocal outstanding
             while (submitted := await window.get()) is not None:
-                task, payload = submitted
-                receipt = await task
+                receipt_of, payload = submitted
+                receipt = await receipt_of
                 position, time_ms = receipt.first_position, receipt.consensus_time_ms
                 own: frozenset[int] | None = None
                 results: list[Stamped] = []
@@ -197,7 +196,7 @@ class ShardServicer:
     async def get_in_flight(
         self, request: shard_pb2.InFlightRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> shard_pb2.InFlightSnapshot:
-        await self._wait_durable()
+        await self.host.settled()
         position = self.host.node.replica.applied_position
         time_ms = self.host.node.replica.consensus_time_ms
         snapshot = shard_pb2.InFlightSnapshot(as_of_position=position)
@@ -210,7 +209,7 @@ class ShardServicer:
     async def list_users(
         self, request: shard_pb2.UserPageRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> shard_pb2.UserPage:
-        await self._wait_durable()
+        await self.host.settled()
         limit = min(max(request.limit, 1), MAX_USER_PAGE)
         page = resident_user_page(
             self.machine.state.actors, request.after_user_id, limit, request.with_orders_only
@@ -248,13 +247,13 @@ class ShardServicer:
     async def get_actor(
         self, request: shard_pb2.ActorQuery, context: grpc.aio.ServicerContext[Any, Any]
     ) -> shard_pb2.ActorView:
-        await self._wait_durable()
+        await self.host.settled()
         return actor_view(self.machine, request.user_id)
 
     async def get_status(
         self, request: shard_pb2.ShardStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> shard_pb2.ShardStatus:
-        await self._wait_durable()
+        await self.host.settled()
         statistics = self.machine.statistics()
         sequencer = self.host.node.sequencer.statistics()
         status = shard_pb2.ShardStatus(
@@ -298,8 +297,6 @@ class ShardServicer:
                     self.router.route(item, position, record.consensus_time_ms)
                 elif isinstance(item, SubmitToMatcher) and item.request.trace_parent:
                     _trace_admission(item, position, record.consensus_time_ms)
-            async with self._durable:
-                self._durable.notify_all()
 
     async def watch_saturation(self) -> None:
         sequencer = self.host.node.sequencer
@@ -313,12 +310,6 @@ class ShardServicer:
                     max_queue_dwell_ms=round(dwell_ms, 3),
                     threshold_ms=self.saturation_dwell_ms,
                 )
-
-    async def _wait_durable(self) -> None:
-        node = self.host.node
-        while node.replica.applied_position != node.sequencer.durable_position:
-            async with self._durable:
-                await self._durable.wait()
 
     # --- wiring ---------------------------------------------------------------------------
 

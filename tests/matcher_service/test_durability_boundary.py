@@ -66,7 +66,7 @@ async def test_subscribe_never_delivers_an_event_whose_record_is_not_durable(
 
 async def test_a_query_waits_until_the_record_it_would_see_is_durable(tmp_path: Path) -> None:
     host, log = held_host(tmp_path)
-    serving, servicers = serve(host)
+    serving, _ = serve(host)
     try:
         await asyncio.wait_for(host.ready.wait(), 30)
         orders = OrderFactory("boundary")
@@ -80,7 +80,7 @@ async def test_a_query_waits_until_the_record_it_would_see_is_durable(tmp_path: 
 
             by_id = asyncio.create_task(client.get_order(held.order_id))
             open_orders = asyncio.create_task(client.open_orders(orders.shard, 1))
-            await wait_until(lambda: servicers[0].queries_waiting == 2)
+            await wait_until(lambda: host.ingress.holds == 2)
             assert not by_id.done() and not open_orders.done()
 
             log.release_next()

@@ -94,3 +94,34 @@ async def test_a_position_older_than_the_window_is_refused(tmp_path: Path) -> No
     finally:
         host.stop()
         await asyncio.wait_for(running, 30)
+
+
+async def test_settled_returns_under_steady_load_with_everything_applied_durable(
+    tmp_path: Path,
+) -> None:
+    host = make_host(tmp_path)
+    running = asyncio.create_task(host.run(health_only))
+    stop_load = asyncio.Event()
+
+    async def steady_load() -> None:
+        # Submissions keep arriving while the reads below wait for durability.
+        while not stop_load.is_set():
+            await asyncio.gather(*(host.ingress.submit(encode_increment(1, 1)) for _ in range(8)))
+
+    try:
+        await asyncio.wait_for(host.ready.wait(), 30)
+        producers = [asyncio.create_task(steady_load()) for _ in range(4)]
+        node = host.node
+        for _ in range(20):
+            async with asyncio.timeout(10):  # no task in between, unlike wait_for
+                await host.settled()
+            # Nothing ran between settled() returning and this line: what a query reads now.
+            assert node.replica.applied_position == node.sequencer.durable_position
+            assert host.ingress.holds == 0
+            await asyncio.sleep(0)
+        stop_load.set()
+        await asyncio.gather(*producers)
+    finally:
+        stop_load.set()
+        host.stop()
+        await asyncio.wait_for(running, 30)
