@@ -18,13 +18,17 @@ from services.runtime.sequencer import SequencerSettings
 Egress = tuple[int, int | None]
 
 
-def make_host(data_dir: Path, retained: int = 1000) -> RuntimeHost[Egress]:
+def make_host(
+    data_dir: Path, retained: int = 1000, max_pending_entries: int = 200_000
+) -> RuntimeHost[Egress]:
     node: RuntimeNode[Egress] = RuntimeNode(
         CounterMachine(),
         NodeSettings(
             data_dir=data_dir,
             snapshot_interval_entries=0,
-            sequencer=SequencerSettings(timer_interval_ms=0),
+            sequencer=SequencerSettings(
+                timer_interval_ms=0, max_pending_entries=max_pending_entries
+            ),
         ),
     )
     return RuntimeHost(node, DurableEgressFeed(retained), listen_address="127.0.0.1:0")
@@ -123,5 +127,37 @@ async def test_settled_returns_under_steady_load_with_everything_applied_durable
         await asyncio.gather(*producers)
     finally:
         stop_load.set()
+        host.stop()
+        await asyncio.wait_for(running, 30)
+
+
+async def test_a_readers_batches_keep_their_order_through_holds_and_full_queues(
+    tmp_path: Path,
+) -> None:
+    # Four pending entries at most: the reader waits for capacity again and again, and
+    # reads holding ingress come and go; its entries must still land in its order.
+    host = make_host(tmp_path, max_pending_entries=4)
+    running = asyncio.create_task(host.run(health_only))
+    try:
+        await asyncio.wait_for(host.ready.wait(), 30)
+        reading = True
+
+        async def reads() -> None:
+            while reading:
+                await host.settled()
+                await asyncio.sleep(0)
+
+        reader_of_state = asyncio.create_task(reads())
+        others = [
+            asyncio.create_task(host.ingress.submit(encode_increment(1_000 + k, 1)))
+            for k in range(50)
+        ]
+        futures = [await host.ingress.enqueue(encode_increment(k, 1)) for k in range(300)]
+        positions = [(await future).first_position for future in futures]
+        reading = False
+        await asyncio.gather(reader_of_state, *others)
+        assert positions == sorted(positions)
+        assert host.ingress.statistics().waits_for_capacity > 0
+    finally:
         host.stop()
         await asyncio.wait_for(running, 30)
