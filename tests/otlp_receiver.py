@@ -14,6 +14,7 @@ from types import TracebackType
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from services.clients.channels import SERVER_OPTIONS
 from services.infra.ports import LOOPBACK, free_port
 
 
@@ -70,7 +71,7 @@ class OtlpReceiver:
         return f"{LOOPBACK}:{self.port}"
 
     async def __aenter__(self) -> OtlpReceiver:
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         register = trace_service_pb2_grpc.add_TraceServiceServicer_to_server
         register(_TraceService(self.spans), server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(self.endpoint)

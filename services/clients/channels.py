@@ -1,4 +1,4 @@
-"""gRPC channels between mesh services: one place for their options.
+"""gRPC channels between mesh services, and the servers they reach: one place for options.
 
 A restarted peer on the same address is found again within ~0.3 s instead of
 gRPC's default reconnect backoff (1 s, growing to 2 min), and every channel gets
@@ -15,6 +15,16 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 300),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+)
+
+# gRPC servers set SO_REUSEPORT by default: a second server started on a port that is
+# already served binds without an error, and the kernel then splits connections
+# between the two (a shard and a matcher answering on one address). Off, the second
+# bind fails and the service says so at start.
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 )

@@ -8,6 +8,11 @@ import socket
 from services.infra.errors import InfraError
 
 LOOPBACK = "127.0.0.1"
+MAX_PICKS = 1_000
+# Ports this process handed out. A port is free when picked but nobody holds it until
+# its server binds, so the kernel may pick it again for the next caller: two services
+# of one mesh would then be given one address.
+_handed_out: set[tuple[str, int]] = set()
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -16,17 +21,22 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def free_ports(count: int, host: str = LOOPBACK) -> tuple[int, ...]:
-    """`count` distinct free ports."""
-    # Every socket stays bound until all are picked; binding them one after another could
-    # hand out the same port twice.
+    """`count` distinct free ports, none handed out by this process before."""
+    # Every socket stays bound until all are picked, so one call never repeats a port.
+    picked: list[int] = []
     with contextlib.ExitStack() as stack:
-        sockets = [
-            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            for _ in range(count)
-        ]
-        for sock in sockets:
+        for _ in range(MAX_PICKS):
+            if len(picked) == count:
+                break
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             sock.bind((host, 0))
-        return tuple(int(sock.getsockname()[1]) for sock in sockets)
+            port = int(sock.getsockname()[1])
+            if (host, port) not in _handed_out:
+                picked.append(port)
+        if len(picked) < count:
+            raise InfraError(f"no {count} free ports on {host} in {MAX_PICKS} picks")
+    _handed_out.update((host, port) for port in picked)
+    return tuple(picked)
 
 
 def port_is_listening(host: str, port: int, timeout: float = 0.5) -> bool:

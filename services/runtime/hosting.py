@@ -21,6 +21,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from services.clients.channels import SERVER_OPTIONS
 from services.runtime.collector import settle_long_lived_state
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.ingress import CommandIngress
@@ -103,12 +104,7 @@ class RuntimeHost(Generic[EgressT]):
         self.feed.start_at(self.node.replica.applied_position)
         self._ingress = CommandIngress(self.node.sequencer)
         plan = plan_for(self)
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            ]
-        )
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         plan.register(server)
         self.bound_port = server.add_insecure_port(self.listen_address)

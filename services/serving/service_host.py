@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from protos.oms.v1 import status_pb2
-from services.clients.channels import MAX_MESSAGE_BYTES
+from services.clients.channels import SERVER_OPTIONS
 
 log = structlog.get_logger(__name__)
 
@@ -67,10 +67,7 @@ class ServiceHost:
     async def run(self, plan: ServicePlan) -> None:
         server = grpc.aio.server(
             interceptors=tuple(plan.interceptors),
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
+            options=SERVER_OPTIONS,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         plan.register(server)

@@ -85,6 +85,13 @@ def test_free_ports_are_distinct_and_busy_ports_are_recognised(busy_port: int) -
     assert not port_is_listening(LOOPBACK, free_port())
 
 
+def test_one_process_never_hands_out_a_port_twice() -> None:
+    # Picked one at a time with nothing bound in between, the kernel may repeat itself;
+    # two services of one mesh must still never be given the same address.
+    picked = [free_port() for _ in range(300)] + list(free_ports(50))
+    assert len(set(picked)) == len(picked)
+
+
 @pytest.mark.parametrize("taken", ["client", "peer"])
 def test_etcd_on_a_busy_port_fails_promptly_naming_it(
     tmp_path: Path, busy_port: int, taken: str

@@ -161,3 +161,26 @@ async def test_a_readers_batches_keep_their_order_through_holds_and_full_queues(
     finally:
         host.stop()
         await asyncio.wait_for(running, 30)
+
+
+async def test_a_second_server_on_a_served_port_fails_instead_of_sharing_it(
+    tmp_path: Path,
+) -> None:
+    first = make_host(tmp_path / "first")
+    running = asyncio.create_task(first.run(health_only))
+    try:
+        await asyncio.wait_for(first.ready.wait(), 30)
+        second: RuntimeHost[Egress] = RuntimeHost(
+            RuntimeNode(
+                CounterMachine(),
+                NodeSettings(data_dir=tmp_path / "second", snapshot_interval_entries=0),
+            ),
+            DurableEgressFeed(10),
+            listen_address=f"127.0.0.1:{first.bound_port}",
+        )
+        with pytest.raises(RuntimeError, match="Failed to bind"):
+            await asyncio.wait_for(second.run(health_only), 30)
+        assert await health_status(first.bound_port) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        first.stop()
+        await asyncio.wait_for(running, 30)
