@@ -9,9 +9,11 @@ mesh (gateways keep no state, so any number can serve one shard).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gateway.client import AdminClient
 from services.markets.catalog import load_catalog
@@ -21,7 +23,7 @@ from tests.gateway.gateway_process import ADMIN_KEY, ADMIN_SECRET, GatewayProces
 from tests.matcher_service.matcher_process import MatcherProcess
 from tests.persister.persister_process import PersisterProcess
 from tests.reconciler.reconciler_process import ReconcilerProcess
-from tests.service_process import ServiceProcess
+from tests.service_process import ServiceProcess, start_together
 from tests.shard_service.shard_process import ShardProcess
 
 GROUPS = tuple(load_catalog(None).groups())
@@ -120,15 +122,7 @@ class FullMesh:
 
     def start(self, *processes: ServiceProcess) -> None:
         """Start `processes` (default: all) together and wait until each is SERVING."""
-        chosen = list(processes) or self.all()
-        try:
-            for process in chosen:
-                process.start()
-            for process in chosen:
-                process.wait_serving()
-        except BaseException:
-            self.stop()
-            raise
+        start_together(list(processes) or self.all(), self.stop)
 
     def stop(self) -> None:
         """Kill and reap every process, then drop the database: safe to call more than once."""
@@ -159,3 +153,14 @@ class FullMesh:
 async def gateway_counters(address: str) -> dict[str, int]:
     report = await service_status(address)
     return dict(report.counters)
+
+
+@contextlib.contextmanager
+def running_mesh(folder: Path, server_url: str, **options: Any) -> Iterator[FullMesh]:
+    """A started mesh (options as `FullMesh.create`), stopped and its database dropped on exit."""
+    mesh = FullMesh.create(folder, server_url, **options)
+    mesh.start()
+    try:
+        yield mesh
+    finally:
+        mesh.stop()

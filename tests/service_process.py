@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -204,6 +204,18 @@ class ServiceProcess:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def start_together(processes: Sequence[ServiceProcess], stop_all: Callable[[], None]) -> None:
+    """Start `processes` at once and wait until each is SERVING; on any failure, `stop_all()`."""
+    try:
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.wait_serving()
+    except BaseException:
+        stop_all()
+        raise
 
 
 def aio_channel(address: str) -> grpc.aio.Channel:

@@ -18,7 +18,7 @@ from services.markets.catalog import load_catalog
 from tests.bridge.bridge_process import BridgeProcess, service_status
 from tests.matcher_service.matcher_client import MatcherClient
 from tests.matcher_service.matcher_process import MatcherProcess
-from tests.service_process import ServiceProcess, aio_channel
+from tests.service_process import ServiceProcess, aio_channel, start_together
 from tests.shard_service.shard_client import ShardClient, eventually
 from tests.shard_service.shard_process import SHARD_ID, ShardProcess
 
@@ -68,15 +68,7 @@ class MeshProcesses:
 
     def start(self, *processes: ServiceProcess) -> None:
         """Start `processes` (default: all) together and wait until each is SERVING."""
-        chosen = list(processes) or self.all()
-        try:
-            for process in chosen:
-                process.start()
-            for process in chosen:
-                process.wait_serving()
-        except BaseException:
-            self.stop()
-            raise
+        start_together(list(processes) or self.all(), self.stop)
 
     def stop(self) -> None:
         for process in self.all():

@@ -23,7 +23,7 @@ import pytest
 from gateway.client import AdminClient
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from tests.e2e.invariants import check_full_mesh
-from tests.full_mesh import FullMesh
+from tests.full_mesh import FullMesh, running_mesh
 from tests.gateway.accounts import BTC, Account, eventually, open_account
 from tests.matcher_service.matcher_client import MatcherClient
 from tests.persister.persister_client import PersisterClient
@@ -39,14 +39,10 @@ PRICE = 6_500_000
 
 @pytest.fixture(scope="module")
 def cold_mesh(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[FullMesh]:
-    mesh = FullMesh.create(
+    with running_mesh(
         tmp_path_factory.mktemp("cold-mesh"), database_url, shard_environment=COLD_SHARD
-    )
-    try:
-        mesh.start()
+    ) as mesh:
         yield mesh
-    finally:
-        mesh.stop()
 
 
 @pytest.fixture

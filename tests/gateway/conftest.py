@@ -16,17 +16,13 @@ from typing import Any
 import pytest
 
 from gateway.client import AdminClient
-from tests.full_mesh import FullMesh
+from tests.full_mesh import FullMesh, running_mesh
 
 
 @pytest.fixture(scope="session")
 def shared_mesh(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[FullMesh]:
-    mesh = FullMesh.create(tmp_path_factory.mktemp("gateway-mesh"), database_url)
-    mesh.start()
-    try:
+    with running_mesh(tmp_path_factory.mktemp("gateway-mesh"), database_url) as mesh:
         yield mesh
-    finally:
-        mesh.stop()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.client import AdminClient, OmsClient
 from protos.oms.v1 import common_pb2, shard_pb2
-from tests.full_mesh import FullMesh, gateway_counters
+from tests.full_mesh import FullMesh, gateway_counters, running_mesh
 from tests.gateway.accounts import BTC, PRICE, Account, buy, eventually, open_account
 from tests.shard_service.shard_client import ShardClient
 from tests.shard_service.shard_process import aio_channel
@@ -23,17 +23,13 @@ S = common_pb2
 
 @pytest.fixture(scope="module")
 def cold_mesh(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[FullMesh]:
-    mesh = FullMesh.create(
+    with running_mesh(
         tmp_path_factory.mktemp("cold-mesh"),
         database_url,
         shard_environment={"OMS_SHARD_IDLE_TTL_MS": "1000"},
         gateway_environment={"OMS_GATEWAY_PREFETCH_INTERVAL_MS": "200"},
-    )
-    mesh.start()
-    try:
+    ) as mesh:
         yield mesh
-    finally:
-        mesh.stop()
 
 
 @pytest.fixture
