@@ -3,19 +3,22 @@
 The runtime releases egress only once its log position is durable, and only
 from the leader; `codec.egress_to_protobuf` stamps each item with the position
 and consensus time of the entry that produced it. Built positionally on the
-hot paths (keyword construction of a frozen dataclass costs twice as much).
+hot paths. Records are NamedTuples, like the commands: a frozen dataclass
+assigns each field through `object.__setattr__`, and a ten-field `OrderUpdate`
+cost 2.8 µs to build against 0.7 µs as a NamedTuple, with two or three records
+per command. Being tuples, records of different types with equal fields compare
+equal: compare types too when that matters.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from services.shard.core.commands import PlaceOrder
 from services.shard.core.user_state import UserState
 
 
-@dataclass(frozen=True, slots=True)
-class ShardResult:
+class ShardResult(NamedTuple):
     """The answer to one command, correlated by the command's id."""
 
     correlation_id: int
@@ -29,8 +32,7 @@ class ShardResult:
     parked: bool = False  # waiting for hydration or a DB dedup answer; a final result follows
 
 
-@dataclass(frozen=True, slots=True)
-class SubmitToMatcher:
+class SubmitToMatcher(NamedTuple):
     """Send an admitted order to its matcher group under its deterministic id.
 
     `request` is the client's command as admitted (immutable, shared with the
@@ -44,34 +46,29 @@ class SubmitToMatcher:
     request: PlaceOrder
 
 
-@dataclass(frozen=True, slots=True)
-class CancelToMatcher:
+class CancelToMatcher(NamedTuple):
     matcher_group: str
     order_id: str
     user_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class BeginDehydrate:
+class BeginDehydrate(NamedTuple):
     user_id: int
     epoch: int
     state: UserState
 
 
-@dataclass(frozen=True, slots=True)
-class HydrateRequest:
+class HydrateRequest(NamedTuple):
     user_id: int
     epoch: int
 
 
-@dataclass(frozen=True, slots=True)
-class DedupLookup:
+class DedupLookup(NamedTuple):
     user_id: int
     client_order_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class OrderUpdate:
+class OrderUpdate(NamedTuple):
     """An order row for the write-behind and the client's order-update stream."""
 
     user_id: int
@@ -97,8 +94,7 @@ EXTERNAL_ACCOUNT = "external"
 LedgerRow = tuple[int, str, str, int]
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerPosting:
+class LedgerPosting(NamedTuple):
     """One double-entry journal entry: its rows sum to zero per asset.
 
     The codec turns each row into one `oms.v1.LedgerEntry` carrying `reference`
@@ -111,8 +107,7 @@ class LedgerPosting:
     rows: tuple[LedgerRow, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class FillRecord:
+class FillRecord(NamedTuple):
     order_id: str
     user_id: int
     trade_id: int
@@ -135,8 +130,7 @@ ALERT_ORPHAN_EVENT = "orphan_event"
 ALERT_UNKNOWN_USER_EVENT = "unknown_user_event"
 
 
-@dataclass(frozen=True, slots=True)
-class RiskAlert:
+class RiskAlert(NamedTuple):
     user_id: int
     kind: str
     detail: str
