@@ -9,6 +9,10 @@ Two figures:
    bytes of about `--batch` commands (`ShardMachine.apply`, protobuf decoding
    included). Each matcher event travels as its own command. Also the cost of
    one incremental `state_hash()` after each phase.
+   Then the same decoded commands through `ShardFloor`
+   (`services/bench/shard_floor.py`): a subset of the shard's work in the
+   cheapest Python, the yardstick for how far the shard is from what one core
+   can do at all.
 2. The eviction sweep with 10k, 100k and 1M resident users of which `--expired`
    are idle past the TTL: time per sweep and actors visited, which must be
    expired + 1 whatever the resident count.
@@ -29,6 +33,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from services.bench.shard_floor import ShardFloor, floor_seconds
 from services.runtime.core.state_machine import ApplyContext
 from services.shard.core.codec import encode_command_batch
 from services.shard.core.commands import (
@@ -94,10 +99,12 @@ def bench_settings(users: int) -> ShardSettings:
     )
 
 
+RESIDENT_BALANCES = (("USDT", 10**15), ("BTC", 10**12))
+
+
 def resident_states(first_user: int, count: int) -> Iterator[UserState]:
-    balances = (("USDT", 10**15), ("BTC", 10**12))
     for user_id in range(first_user, first_user + count):
-        yield UserState(user_id, balances=balances)
+        yield UserState(user_id, balances=RESIDENT_BALANCES)
 
 
 def settle_gc(mode: str) -> None:
@@ -301,6 +308,22 @@ def throughput(arguments: argparse.Namespace) -> tuple[list[ThroughputResult], d
     return results, {**decoded.counts, **{f"shard.{k}": v for k, v in counters.items()}}
 
 
+def floor_throughput(arguments: argparse.Namespace) -> ThroughputResult:
+    """The same decoded workload through `ShardFloor`, the least work per command."""
+    floor = ShardFloor(SHARD_ID, SYMBOL)
+    floor.add_users(1, arguments.users, RESIDENT_BALANCES)
+    workload = WorkloadBuilder(arguments.users, arguments.seed).build(arguments.orders)
+    groups = batches(workload.commands, arguments.batch)
+    settle_gc(arguments.gc)
+    seconds = floor_seconds(floor, groups, START_MS + 1)
+    if gc.isenabled() is False:
+        gc.enable()
+    gc.unfreeze()
+    if floor.orders:
+        raise RuntimeError(f"floor left {len(floor.orders)} orders open: it skipped work")
+    return ThroughputResult("floor (not the shard)", len(workload.commands), seconds, 0, 0.0)
+
+
 # --- phase 2: sweeps -------------------------------------------------------------------
 
 
@@ -346,6 +369,9 @@ def sweep_case(resident: int, expired: int, sweeps: int, gc_mode: str) -> SweepR
 def run(arguments: argparse.Namespace) -> int:
     print("oms bench shard: one process, one core, consensus time simulated")
     results, counts = throughput(arguments)
+    gc.collect()
+    print("the same decoded commands through the floor (services/bench/shard_floor.py) ...")
+    floor = floor_throughput(arguments)
     print()
     header = (
         f"{'input':<26}{'commands':>10}{'seconds':>9}{'commands/s':>12}"
@@ -359,6 +385,15 @@ def run(arguments: argparse.Namespace) -> int:
             f"{result.per_second:>12,.0f}{result.egress / result.commands:>11.2f}"
             f"{result.hash_ms:>15.1f}"
         )
+    print(
+        f"{floor.label:<26}{floor.commands:>10,}{floor.seconds:>9.2f}"
+        f"{floor.per_second:>12,.0f}{'':>11}{'':>15}"
+    )
+    print(
+        f"the shard applies decoded commands at {results[0].per_second / floor.per_second:.0%} "
+        "of the floor's rate (the floor does a subset of the shard's work in flat Python: "
+        "a yardstick, not a proven limit)"
+    )
     mix = ", ".join(f"{kind} {counts[kind]:,}" for kind in ("place", "deposit", "accepted"))
     mix += ", " + ", ".join(f"{kind} {counts[kind]:,}" for kind in ("fill", "cancel", "cancelled"))
     print(f"mix per phase: {mix}")
