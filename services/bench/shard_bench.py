@@ -18,9 +18,10 @@ Two figures:
    expired + 1 whatever the resident count.
 
 The resident users are built through `bulk_hydrate` (what a run of HydrateUser
-does, minus egress). Then, as the shard service is meant to run, the garbage
-collector is collected once and frozen: the long-lived actors leave the
-collector's generations, so collections only look at young objects.
+does, minus egress). Then, as the shard service runs after recovery
+(`services/runtime/collector.py`), the garbage collector is collected once and
+frozen and its thresholds raised: the long-lived actors leave the collector's
+generations, so collections only look at young objects.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from services.bench.shard_floor import ShardFloor, floor_seconds
+from services.runtime.collector import settle_long_lived_state
 from services.runtime.core.state_machine import ApplyContext
 from services.shard.core.codec import encode_command_batch
 from services.shard.core.commands import (
@@ -82,8 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gc",
         choices=("freeze", "default", "off"),
         default="freeze",
-        help="collector after building the state: freeze it (as the service runs), leave "
-        "it, or disable it",
+        help="collector after building the state: freeze it and raise its thresholds (as "
+        "the services run), leave it, or disable it",
     )
 
 
@@ -108,10 +110,11 @@ def resident_states(first_user: int, count: int) -> Iterator[UserState]:
 
 
 def settle_gc(mode: str) -> None:
-    gc.collect()
     if mode == "freeze":
-        gc.freeze()
-    elif mode == "off":
+        settle_long_lived_state()  # exactly what a service does after recovery
+        return
+    gc.collect()
+    if mode == "off":
         gc.freeze()
         gc.disable()
 
