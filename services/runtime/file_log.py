@@ -40,6 +40,7 @@ from services.runtime.core.log_batch import (
 )
 from services.runtime.errors import LogCorruptedError, LogFencedError
 from services.runtime.log_store import LogTail
+from services.runtime.writer_thread import WriterThread
 
 log = structlog.get_logger(__name__)
 ResultT = TypeVar("ResultT")
@@ -203,7 +204,7 @@ class FileLogStore:
     def __init__(self, directory: Path, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-writer")
+        self._writer = WriterThread("log-writer")
         # The next segment is zero-filled ahead of time on its own thread, so a
         # roll is a rename rather than a 64 MiB write in front of an append.
         self._spare_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-spare")
@@ -348,14 +349,14 @@ class FileLogStore:
 
     async def close(self) -> None:
         await self._run(self.close_sync)
-        self._executor.shutdown(wait=True)
+        self._writer.stop()
         self._spare_executor.shutdown(wait=True)
 
     # --- internals ----------------------------------------------------------------
 
     def _run(self, function: Callable[..., ResultT], *arguments: object) -> asyncio.Future[ResultT]:
         """Submit to the writer thread at once; the caller awaits when it needs to."""
-        return asyncio.get_running_loop().run_in_executor(self._executor, function, *arguments)
+        return self._writer.submit(function, *arguments)
 
     def _acquire_lock(self) -> None:
         if self._lock_descriptor is not None:
