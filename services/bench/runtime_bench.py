@@ -8,6 +8,10 @@ commands) and real `fdatasync` group commit:
 3. the longest stall of the event loop while a snapshot of a 1,000,000-entry
    state is forked and written, next to the same window without a snapshot.
 
+Next to the latencies it measures what bounds them from below on this machine:
+the `O_DSYNC` write calls of each phase, the disk alone at the same cadence, and
+how often the CPU is taken away from a thread that does nothing.
+
 The producer runs in the same process and event loop (uvloop, as in the
 services) as the sequencer, as a gRPC ingress would, so its cost is included in
 every figure. Each latency phase first runs `--settle-seconds` at its rate
@@ -216,6 +220,41 @@ def disk_floor(directory: Path, interval_s: float, seconds: float) -> tuple[floa
     return p50, p99
 
 
+@dataclass(frozen=True)
+class CpuStalls:
+    seconds: float
+    over_1ms: int
+    over_2ms: int
+    longest_ms: float
+    stalled_fraction: float
+
+
+def cpu_stalls(seconds: float, threshold_ns: int = 200_000) -> CpuStalls:
+    """How often this machine takes the CPU away from a thread that only reads the clock.
+
+    Nothing runs but the probe, so every gap between two clock reads longer than
+    `threshold_ns` is time the thread was not running (the host's scheduler,
+    interrupts, other tenants). A latency percentile cannot be better than the
+    share of requests such gaps land on.
+    """
+    gaps: list[int] = []
+    clock = time.perf_counter_ns
+    deadline = clock() + int(seconds * 1e9)
+    last = clock()
+    while last < deadline:
+        now = clock()
+        if now - last > threshold_ns:
+            gaps.append(now - last)
+        last = now
+    return CpuStalls(
+        seconds,
+        sum(1 for gap in gaps if gap > 1_000_000),
+        sum(1 for gap in gaps if gap > 2_000_000),
+        max(gaps, default=0) / 1e6,
+        sum(gaps) / (seconds * 1e9),
+    )
+
+
 async def _loop_lag_probe(stop: asyncio.Event, interval_s: float, lags_ns: list[int]) -> None:
     """Measure how late the loop wakes a 1 ms timer: a stall shows up as lag."""
     while not stop.is_set():
@@ -308,6 +347,14 @@ async def _main(arguments: argparse.Namespace) -> None:
             )
             floor = disk_floor(root / "floor", arguments.group / rate, min(2.0, arguments.seconds))
             _print_result("open-loop", result, floor)
+        stalls = cpu_stalls(min(5.0, arguments.seconds))
+        print()
+        print(
+            f"this machine's CPU over {stalls.seconds:.0f} s, a thread doing nothing but read "
+            f"the clock: held up > 1 ms {stalls.over_1ms} times, > 2 ms {stalls.over_2ms} "
+            f"times, longest {stalls.longest_ms:.2f} ms, {stalls.stalled_fraction:.2%} of the "
+            "time not running"
+        )
         pause = await snapshot_pause(
             root / "snapshot", arguments.snapshot_entries, max(1.0, arguments.seconds)
         )
