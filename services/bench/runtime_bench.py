@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import shutil
 import tempfile
@@ -263,14 +264,20 @@ async def _loop_lag_probe(stop: asyncio.Event, interval_s: float, lags_ns: list[
         lags_ns.append(max(0, time.perf_counter_ns() - expected))
 
 
+def _counters_snapshot(entries: int) -> bytes:
+    big = CounterMachine()
+    big.counters = {key: key for key in range(entries)}
+    return big.snapshot()
+
+
 async def snapshot_pause(directory: Path, entries: int, seconds: float) -> dict[str, float]:
     """Longest loop stall with and without a background snapshot of `entries` keys."""
     node, task = await _open_node(directory)
-    machine = node.replica.machine
     # Build the large state through the machine's own restore path (fast, deterministic).
-    big = CounterMachine()
-    big.counters = {key: key for key in range(entries)}
-    machine.restore(big.snapshot())
+    node.replica.machine.restore(_counters_snapshot(entries))
+    # The builder's copy is garbage now: collect it, or the fork would also copy the
+    # page tables of a second million-entry dict that the state does not hold.
+    gc.collect()
     commands = _commands(100)
     sequencer = node.sequencer
 
