@@ -21,6 +21,11 @@ EgressT = TypeVar("EgressT")
 
 _RECENT_HASHES_KEPT = 256
 _NO_EGRESS: tuple[()] = ()
+# Plain ints for the per-entry test: comparing with an IntEnum member costs about
+# 0.1 µs per entry, as much as a small command's own apply.
+_COMMAND = int(EntryKind.COMMAND)
+_TIMER = int(EntryKind.TIMER)
+_CHECKPOINT = int(EntryKind.CHECKPOINT)
 
 
 class ReplicaInvariantError(RuntimeError):
@@ -70,11 +75,11 @@ class Replica(Generic[EgressT]):
         position = batch.first_position
         for kind, payload in batch.entries:
             context.position = position
-            if kind == EntryKind.COMMAND:
+            if kind == _COMMAND:
                 append(machine.apply(payload, context))
-            elif kind == EntryKind.TIMER:
+            elif kind == _TIMER:
                 append(machine.on_timer(context))
-            elif kind == EntryKind.CHECKPOINT:
+            elif kind == _CHECKPOINT:
                 self._verify_checkpoint(payload, position)
                 append(_NO_EGRESS)
             else:
