@@ -16,7 +16,6 @@ open loses nothing.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -51,12 +50,6 @@ class WriterThread:
             self._thread.start()
         self._jobs.append((function, arguments, future, loop))
         self._signal()
-        # Linux queues a woken thread on its waker's CPU; there it waits until the
-        # loop thread sleeps, i.e. until the batch has been applied, so the write
-        # would start after the apply instead of beside it. Yielding lets it take
-        # the GIL and enter its write first (it releases the GIL there). If it is
-        # not queued here, this returns at once.
-        os.sched_yield()
         return future
 
     def stop(self) -> None:
