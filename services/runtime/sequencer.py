@@ -5,9 +5,10 @@ next record (capped by entry count and bytes), so batches grow with load and
 one `fdatasync` covers them all. Each record is stamped with the consensus
 time: the leader's clock, never allowed to go back. Timer entries are appended
 at a fixed cadence (busy or idle) so sweeps and expiries land at deterministic
-log positions. A record is applied while the disk works; its results (the
-futures of the submitters and the egress handler) are released only once it
-is durable.
+log positions. A record is handed to the writer thread before it is applied, so
+the two can overlap (how much depends on the scheduler: see writer_thread.py);
+its results (the futures of the submitters and the egress handler) are released
+only once it is durable.
 """
 
 from __future__ import annotations
