@@ -15,8 +15,8 @@ open loses nothing.
 The write still tends to start only when the loop next sleeps, after the batch
 is applied: Linux queues the woken thread on its waker's CPU. `os.sched_yield()`
 after the wake-up fixes that when the core is otherwise free, but it hands the
-core to any runnable process, and with the whole mesh on two cores it tripled
-the stream's p99, so it is not done here (README, runtime figures).
+core to any runnable process, and with the whole mesh on two cores it doubled to
+tripled the stream's p99, so it is not done here (README, runtime figures).
 """
 
 from __future__ import annotations
