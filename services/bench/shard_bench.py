@@ -109,6 +109,13 @@ def resident_states(first_user: int, count: int) -> Iterator[UserState]:
         yield UserState(user_id, balances=RESIDENT_BALANCES)
 
 
+def unsettle_gc() -> None:
+    """Undo `settle_gc` once a phase is measured: collect normally again."""
+    if not gc.isenabled():
+        gc.enable()
+    gc.unfreeze()
+
+
 def settle_gc(mode: str) -> None:
     if mode == "freeze":
         settle_long_lived_state()  # exactly what a service does after recovery
@@ -305,9 +312,7 @@ def throughput(arguments: argparse.Namespace) -> tuple[list[ThroughputResult], d
     )
     machine.state.accounts.check_conservation()
     counters = dict(machine.statistics().counters)
-    if gc.isenabled() is False:
-        gc.enable()
-    gc.unfreeze()
+    unsettle_gc()
     return results, {**decoded.counts, **{f"shard.{k}": v for k, v in counters.items()}}
 
 
@@ -319,9 +324,7 @@ def floor_throughput(arguments: argparse.Namespace) -> ThroughputResult:
     groups = batches(workload.commands, arguments.batch)
     settle_gc(arguments.gc)
     seconds = floor_seconds(floor, groups, START_MS + 1)
-    if gc.isenabled() is False:
-        gc.enable()
-    gc.unfreeze()
+    unsettle_gc()
     if floor.orders:
         raise RuntimeError(f"floor left {len(floor.orders)} orders open: it skipped work")
     return ThroughputResult("floor (not the shard)", len(workload.commands), seconds, 0, 0.0)
@@ -359,9 +362,7 @@ def sweep_case(resident: int, expired: int, sweeps: int, gc_mode: str) -> SweepR
         visited.append(last.visited)
         evicted.append(sum(1 for item in egress if type(item) is BeginDehydrate))
     del machine
-    if not gc.isenabled():
-        gc.enable()
-    gc.unfreeze()
+    unsettle_gc()
     gc.collect()
     return SweepResult(resident, expired, tuple(visited), tuple(evicted), tuple(times))
 
