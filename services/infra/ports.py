@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
+from pathlib import Path
 
 from services.infra.errors import InfraError
 
 LOOPBACK = "127.0.0.1"
 MAX_PICKS = 1_000
+# Listening ports come from below the kernel's ephemeral range, never from it: a port in
+# that range that is free when picked can become the source port of any outgoing
+# connection on the machine (a gRPC client, a database pool) before its server binds it,
+# and the server then fails with "address already in use". A busy test mesh opens
+# thousands of connections, and initdb holds the window open for a second or two.
+# Google's portpicker avoids the range for the same reason.
+_LOWEST_PICK = 15_000
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LINUX_DEFAULT_EPHEMERAL = (32_768, 60_999)
+_pick_source = random.SystemRandom()
 # Ports this process handed out. A port is free when picked but nobody holds it until
 # its server binds, so the kernel may pick it again for the next caller: two services
 # of one mesh would then be given one address.
@@ -16,7 +28,7 @@ _handed_out: set[tuple[str, int]] = set()
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A port nothing listens on right now (the kernel's pick for a bind to port 0)."""
+    """A port nothing is bound to right now, outside the kernel's ephemeral range."""
     return free_ports(1, host)[0]
 
 
@@ -24,12 +36,20 @@ def free_ports(count: int, host: str = LOOPBACK) -> tuple[int, ...]:
     """`count` distinct free ports, none handed out by this process before."""
     # Every socket stays bound until all are picked, so one call never repeats a port.
     picked: list[int] = []
+    candidates = listening_port_range()
     with contextlib.ExitStack() as stack:
         for _ in range(MAX_PICKS):
             if len(picked) == count:
                 break
+            port = _pick_source.choice(candidates) if candidates else 0
+            if (host, port) in _handed_out:
+                continue
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
+            # No SO_REUSEADDR: a port with connections lingering in TIME_WAIT is skipped too.
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
             port = int(sock.getsockname()[1])
             if (host, port) not in _handed_out:
                 picked.append(port)
@@ -37,6 +57,24 @@ def free_ports(count: int, host: str = LOOPBACK) -> tuple[int, ...]:
             raise InfraError(f"no {count} free ports on {host} in {MAX_PICKS} picks")
     _handed_out.update((host, port) for port in picked)
     return tuple(picked)
+
+
+def listening_port_range() -> range:
+    """Ports worth picking for servers: from 15,000 up to the start of the ephemeral range.
+
+    Empty when the machine's ephemeral range leaves no room below it; callers then fall
+    back to the kernel's pick.
+    """
+    low, _ = _ephemeral_range()
+    return range(_LOWEST_PICK, low)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = _EPHEMERAL_RANGE_FILE.read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return _LINUX_DEFAULT_EPHEMERAL
 
 
 def port_is_listening(host: str, port: int, timeout: float = 0.5) -> bool:

@@ -25,6 +25,7 @@ from services.infra.ports import (
     LOOPBACK,
     free_port,
     free_ports,
+    listening_port_range,
     port_is_free,
     port_is_listening,
 )
@@ -90,6 +91,21 @@ def test_one_process_never_hands_out_a_port_twice() -> None:
     # two services of one mesh must still never be given the same address.
     picked = [free_port() for _ in range(300)] + list(free_ports(50))
     assert len(set(picked)) == len(picked)
+
+
+def test_servers_get_ports_no_outgoing_connection_can_take_first(busy_port: int) -> None:
+    # An outgoing connection's source port comes from the ephemeral range and blocks a
+    # later listen on that port, even with SO_REUSEADDR; picked ports stay below it.
+    with socket.create_connection((LOOPBACK, busy_port)) as outgoing:
+        source_port = int(outgoing.getsockname()[1])
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        assert source_port >= ephemeral_low
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as late_server:
+            late_server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            with pytest.raises(OSError):
+                late_server.bind((LOOPBACK, source_port))
+    assert listening_port_range().stop == ephemeral_low
+    assert all(port in listening_port_range() for port in free_ports(50))
 
 
 @pytest.mark.parametrize("taken", ["client", "peer"])
@@ -241,7 +257,10 @@ def test_command_line_starts_reports_and_stops(
         command.register(parser.add_subparsers(dest="command", required=True))
         arguments = parser.parse_args(["infra", action, "--state-dir", str(state_dir)])
         exit_code = arguments.handler(arguments)
-        return exit_code, capsys.readouterr().out.splitlines()
+        captured = capsys.readouterr()
+        # readouterr() consumes stderr, so a failing action would otherwise hide its reason.
+        assert exit_code in (0, command.EXIT_NOT_RUNNING), captured.err
+        return exit_code, captured.out.splitlines()
 
     try:
         exit_code, started = oms("up")
