@@ -12,11 +12,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import structlog
+
 from services.infra.errors import InfraError
-from services.infra.ports import LOOPBACK, free_ports, require_free_port
+from services.infra.ports import LOOPBACK, free_ports, require_free_port, start_with_repicks
 from services.infra.processes import stop_child, track_detached
 from services.infra.readiness import wait_until_ready
 from services.infra.server_log import ServerLog
+
+logger = structlog.get_logger(__name__)
 
 QUOTA_BACKEND_BYTES = 2 * 1024**3
 MEMBER_NAME = "oms"
@@ -59,6 +63,7 @@ class EmbeddedEtcd:
         picked = iter(free_ports([client_port, peer_port].count(None)))
         self.client_port = client_port if client_port is not None else next(picked)
         self.peer_port = peer_port if peer_port is not None else next(picked)
+        self._ports_picked = client_port is None and peer_port is None
         self.unsafe_no_fsync = unsafe_no_fsync
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
@@ -123,6 +128,21 @@ class EmbeddedEtcd:
         """
         if self.is_running():
             return
+        start_with_repicks(
+            lambda: self._start_once(detached), self._repick if self._ports_picked else None
+        )
+
+    def _repick(self) -> None:
+        # etcd binds its listeners before it creates its data folder, so the failed
+        # attempt left no member recorded under the old peer address.
+        logger.warning(
+            "etcd port taken before it was bound; picking others",
+            client_port=self.client_port,
+            peer_port=self.peer_port,
+        )
+        self.client_port, self.peer_port = free_ports(2)
+
+    def _start_once(self, detached: bool) -> None:
         require_free_port(LOOPBACK, self.client_port, "etcd client")
         require_free_port(LOOPBACK, self.peer_port, "etcd peer")
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

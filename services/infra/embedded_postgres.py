@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from services.infra.errors import InfraError
-from services.infra.ports import LOOPBACK, free_port, require_free_port
+from services.infra.ports import LOOPBACK, free_port, require_free_port, start_with_repicks
 from services.infra.postgres_account import PostgresAccount, postgres_account
 from services.infra.postgres_binaries import postgres_bin_path, postgres_binary
 from services.infra.processes import pid_runs, stop_child, track_detached
@@ -66,6 +66,7 @@ class EmbeddedPostgres:
             raise InfraError(f"database name {database!r} must be a plain lower-case identifier")
         self.data_dir = data_dir.resolve()
         self.port = port if port is not None else free_port()
+        self._port_picked = port is None
         self.fast_unsafe = fast_unsafe
         self.database = database
         self.server_settings = dict(server_settings or {})
@@ -98,6 +99,15 @@ class EmbeddedPostgres:
         """
         if self.is_running():
             return
+        start_with_repicks(
+            lambda: self._start_once(detached), self._repick if self._port_picked else None
+        )
+
+    def _repick(self) -> None:
+        logger.warning("postgres port taken before it was bound; picking another", port=self.port)
+        self.port = free_port()
+
+    def _start_once(self, detached: bool) -> None:
         require_free_port(LOOPBACK, self.port, "postgres")
         account = postgres_account()
         self._prepare_data_dir(account)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
-from services.infra.errors import InfraError
+from services.infra.errors import InfraError, PortTakenError
 
 LOOPBACK = "127.0.0.1"
 MAX_PICKS = 1_000
@@ -21,6 +22,10 @@ _LOWEST_PICK = 15_000
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LINUX_DEFAULT_EPHEMERAL = (32_768, 60_999)
 _pick_source = random.SystemRandom()
+# A picked port is free when picked, not when its server binds it: another process on
+# the machine may take it in between, whatever range it comes from. Starts that lose
+# that race pick again, this many times in all.
+START_ATTEMPTS = 3
 # Ports this process handed out. A port is free when picked but nobody holds it until
 # its server binds, so the kernel may pick it again for the next caller: two services
 # of one mesh would then be given one address.
@@ -100,9 +105,25 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def require_free_port(host: str, port: int, purpose: str) -> None:
-    """Raise InfraError naming the port when a server could not bind it."""
+    """Raise PortTakenError naming the port when a server could not bind it."""
     if not port_is_free(host, port):
-        raise InfraError(
+        raise PortTakenError(
             f"{purpose} port {port} on {host} is already in use: "
             "set another port, or leave it unset to pick a free one"
         )
+
+
+def start_with_repicks(start: Callable[[], None], repick: Callable[[], None] | None) -> None:
+    """Run `start`; when it fails on a taken port, `repick` and start again.
+
+    `repick` is None when the caller chose the ports: then the first failure stands,
+    naming the port, since picking another would ignore the caller's choice.
+    """
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            start()
+            return
+        except PortTakenError:
+            if repick is None or attempt == START_ATTEMPTS:
+                raise
+            repick()

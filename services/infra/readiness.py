@@ -6,10 +6,13 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from services.infra.errors import InfraError
+from services.infra.errors import InfraError, PortTakenError
 from services.infra.server_log import ServerLog
 
 POLL_INTERVAL = 0.05
+# What etcd ("bind: address already in use") and postgres ("could not bind IPv4
+# address ...: Address already in use") print when their port was taken.
+_PORT_TAKEN = "address already in use"
 
 
 def wait_until_ready(
@@ -25,9 +28,11 @@ def wait_until_ready(
     while not is_ready():
         exit_code = process.poll()
         if exit_code is not None:
-            raise InfraError(
+            tail = log.tail()
+            error = PortTakenError if _PORT_TAKEN in tail.lower() else InfraError
+            raise error(
                 f"{server} exited with code {exit_code} during startup; "
-                f"last lines of {log.path}:\n{log.tail()}"
+                f"last lines of {log.path}:\n{tail}"
             )
         if time.monotonic() >= deadline:
             raise InfraError(

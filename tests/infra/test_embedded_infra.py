@@ -5,8 +5,11 @@ the test itself."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +22,7 @@ import pytest
 from services.infra import command
 from services.infra.embedded_etcd import EmbeddedEtcd
 from services.infra.embedded_postgres import EmbeddedPostgres
-from services.infra.errors import InfraError
+from services.infra.errors import InfraError, PortTakenError
 from services.infra.local_infra import InfraEndpoints, LocalInfra, ServerState
 from services.infra.ports import (
     LOOPBACK,
@@ -30,6 +33,8 @@ from services.infra.ports import (
     port_is_listening,
 )
 from services.infra.processes import pid_is_running
+from services.infra.readiness import wait_until_ready
+from services.infra.server_log import ServerLog
 from services.infra.settings import InfraSettings
 from services.settings import load_settings
 
@@ -131,6 +136,45 @@ def test_postgres_on_a_busy_port_fails_promptly_naming_it(tmp_path: Path, busy_p
         postgres.start()
     assert time.monotonic() - began < PROMPTLY
     assert postgres.pid is None
+
+
+def test_picked_ports_taken_before_the_servers_start_are_picked_again(tmp_path: Path) -> None:
+    etcd = EmbeddedEtcd(tmp_path / "etcd", unsafe_no_fsync=True)
+    postgres = EmbeddedPostgres(tmp_path / "postgres", fast_unsafe=True)
+    taken = (etcd.client_port, etcd.peer_port, postgres.port)
+    with contextlib.ExitStack() as stack:
+        for port in taken:  # what another process on the machine may do in the meantime
+            holder = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            holder.bind((LOOPBACK, port))
+            holder.listen()
+        with etcd, postgres:
+            assert not {etcd.client_port, etcd.peer_port, postgres.port} & set(taken)
+            assert port_is_listening(LOOPBACK, etcd.client_port)
+            assert port_is_listening(LOOPBACK, postgres.port)
+            assert postgres.psql("SELECT 1") == "1"
+
+
+@pytest.mark.parametrize(
+    ("last_words", "taken"),
+    [
+        ("listen tcp 127.0.0.1:2380: bind: address already in use", True),
+        ('LOG:  could not bind IPv4 address "127.0.0.1": Address already in use', True),
+        ("FATAL:  data directory has wrong ownership", False),
+    ],
+)
+def test_a_server_exiting_during_startup_says_whether_its_port_was_taken(
+    tmp_path: Path, last_words: str, taken: bool
+) -> None:
+    log = ServerLog(tmp_path / "server.log")
+    with log.open_for_run() as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-c", f"print({last_words!r}); raise SystemExit(1)"],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    with pytest.raises(InfraError, match="exited with code 1 during startup") as raised:
+        wait_until_ready(process, lambda: False, server="server", timeout=PROMPTLY, log=log)
+    assert isinstance(raised.value, PortTakenError) == taken
 
 
 def test_etcd_not_ready_by_its_deadline_is_stopped_and_reported(tmp_path: Path) -> None:
