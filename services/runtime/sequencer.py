@@ -257,9 +257,11 @@ class Sequencer(Generic[EgressT]):
             self._capacity.set()
         batch = LogBatch(self.replica.applied_position + 1, consensus_time_ms, entries)
         record = encode_batch(batch)
-        durable = self.store.append(batch, record)  # the write starts now ...
+        # Handed to the writer before the apply; whether the two overlap is up to the
+        # scheduler (module docstring).
+        durable = self.store.append(batch, record)
         try:
-            outputs = self.replica.apply_batch(batch)  # ... and overlaps with applying
+            outputs = self.replica.apply_batch(batch)
         except BaseException:
             # The state moved past a record that may not be durable: crash-only.
             await asyncio.gather(durable, return_exceptions=True)
