@@ -47,14 +47,6 @@ class ShardEndpoint:
                 f"shard {self.address} gave no result in {self.timeout_s:g} s"
             ) from error
 
-    @property
-    def sent_batches(self) -> int:
-        return self.link.sent_batches
-
-    @property
-    def sent_commands(self) -> int:
-        return self.link.sent_commands
-
     async def actor(self, user_id: int) -> shard_pb2.ActorView:
         try:
             view: shard_pb2.ActorView = await self.stub.GetActor(

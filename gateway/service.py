@@ -102,9 +102,15 @@ class Gateway:
         counters["credential_cache_misses"] = credentials.misses
         counters["credential_lookups"] = credentials.lookups
         endpoints = self.router.routing.endpoints()
-        counters["shard_batches_sent"] = sum(endpoint.sent_batches for endpoint in endpoints)
-        counters["shard_commands_sent"] = sum(endpoint.sent_commands for endpoint in endpoints)
-        counters["shard_stream_breaks"] = sum(endpoint.link.breaks for endpoint in endpoints)
+        links = [endpoint.link.statistics() for endpoint in endpoints]
+        counters["shard_batches_sent"] = sum(link.sent_batches for link in links)
+        counters["shard_commands_sent"] = sum(link.sent_commands for link in links)
+        counters["shard_stream_breaks"] = sum(link.breaks for link in links)
+        counters["shard_link_stalls"] = sum(link.stalls for link in links)
+        counters["shard_link_queued"] = sum(link.queued for link in links)
+        counters["shard_link_refused_away"] = sum(link.refused_away for link in links)
+        counters["shard_link_refused_busy"] = sum(link.refused_busy for link in links)
+        counters["shard_link_timeouts"] = sum(link.timeouts for link in links)
         info = {
             "shard": self.settings.shard_address,
             "persister": self.settings.persister_address,

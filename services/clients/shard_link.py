@@ -6,22 +6,46 @@ correlation id, and a `parked` answer (hydration, DB dedup lookup) is kept
 waiting for the final one on the same stream. `send(commands)` is for the mesh's
 own commands (hydrations, flush answers, matcher events), which get no result.
 
-Correlation ids are unique per link (a random 32-bit prefix per stream
-incarnation), because the shard routes late finals by correlation id across
-streams. When the stream breaks every waiting caller gets `ShardUnavailableError`;
-the caller retries with the same client order id and the shard's dedup returns
-the original result, so a retry never doubles an order. The link reconnects on
-the next call.
+One task per link (`_keep_connected`) owns the stream; no caller ever starts,
+replaces or cancels it. The link is in one of three states:
+
+    state        a client command (`execute`)            left by
+    CONNECTING   queued, waits for the stream            the shard answers the stream's opening
+                                                         -> READY; the attempt fails -> AWAY
+    READY        queued, sent in the next batch          the stream breaks or is wedged -> AWAY
+    AWAY         refused at once (ShardUnavailableError)  a new attempt: after a backoff (50 ms
+                 unless no attempt ran for RETRY_ON_      doubling to 1 s), or at once when a
+                 DEMAND_S: then it starts one and waits    command arrives after RETRY_ON_DEMAND_S
+
+Every client command has an answer within its deadline: its result, a
+`ShardUnavailableError` (the shard is away; the stream broke with the command
+queued or sent), `ShardBusyError` (`max_queued` commands already wait), or
+`TimeoutError`. All of them mean "retry with the same ids": the shard's dedup
+returns the original result of a command that was applied. A command whose
+caller stopped waiting is not sent. Mesh commands are never refused: `send`
+waits for room in the queue, and they stay queued across breaks and go out on
+the next stream (their owners also re-derive what to send after a break, since
+a command on a broken stream may or may not have reached the log).
+
+Correlation ids are unique per link (a random 32-bit prefix per stream), because
+the shard routes late finals by correlation id across streams. A stream whose
+queued commands are not taken, or whose sent commands get no answer at all, for
+`stall_s` while it lives is wedged (a stopped process, a half-open connection):
+the link ends it and connects again. Transitions are logged once each, rate-limited.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+import heapq
 import itertools
 import secrets
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -32,89 +56,148 @@ from services.clients.channels import mesh_channel
 log = structlog.get_logger(__name__)
 EXECUTE_METHOD = "/oms.v1.UserShard/Execute"
 MAX_COMMANDS_PER_BATCH = 1_000
-MAX_QUEUED_COMMANDS = 50_000  # callers beyond this wait: backpressure, never a drop
+DEFAULT_MAX_QUEUED = 20_000  # client commands past this are refused (ShardBusyError)
 DEFAULT_LINGER_S = 0.0005
 STALL_S = 5.0  # queued this long with a live stream: the stream is wedged, replace it
+CONNECT_TIMEOUT_S = 3.0  # the shard answers a stream's opening in this long, or it is away
+BACKOFF_INITIAL_S = 0.05
+BACKOFF_MAX_S = 1.0
+RETRY_ON_DEMAND_S = 0.1  # while away, a command starts an attempt if none ran this recently
+LOG_INTERVAL_S = 1.0  # at most one "down" line a second; the next says how many it skipped
+
+
+class LinkState(enum.Enum):
+    CONNECTING = "connecting"
+    READY = "ready"
+    AWAY = "away"
 
 
 class ShardUnavailableError(ConnectionError):
-    """The stream to the shard broke; retry with the same ids."""
+    """The shard is away or the stream broke; retry with the same ids."""
+
+
+class ShardBusyError(ShardUnavailableError):
+    """Too many commands already wait for the stream; retry with the same ids."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLinkStatistics:
+    state: str
+    queued: int
+    waiting: int
+    sent_batches: int
+    sent_commands: int
+    connects: int
+    breaks: int
+    stalls: int
+    timeouts: int
+    refused_away: int
+    refused_busy: int
 
 
 class ShardLink:
-    def __init__(self, address: str, *, linger_s: float = DEFAULT_LINGER_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        linger_s: float = DEFAULT_LINGER_S,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+        stall_s: float = STALL_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         self.address = address
         self.linger_s = linger_s
+        self.max_queued = max_queued
+        self.stall_s = stall_s
+        self.connect_timeout_s = connect_timeout_s
+        self.state = LinkState.CONNECTING
         self._channel: grpc.aio.Channel | None = None
-        # Commands wait here until a stream's request iterator takes them, and it takes
-        # them only to yield them at once: a stream that ended never holds one back.
-        self._pending: deque[shard_pb2.ShardCommand] = deque()
+        # (command, its caller's future; None for a mesh command), oldest first.
+        self._pending: deque[
+            tuple[shard_pb2.ShardCommand, asyncio.Future[shard_pb2.ShardResult] | None]
+        ] = deque()
+        self._pending_since: float | None = None  # when the oldest queued command arrived
+        self._unanswered_since: float | None = None  # first batch sent since the last answer
         self._queued = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        self._ready = asyncio.Event()
+        self._broken = asyncio.Event()
+        self._attempt_wanted = asyncio.Event()
+        self._attempt_done = asyncio.Event()
         self._waiting: dict[int, asyncio.Future[shard_pb2.ShardResult]] = {}
-        self._stream_task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
         self._prefix = 0
+        self._last_attempt = float("-inf")
+        # (deadline, arrival, future): a heap, since a caller that waited for an
+        # attempt to connect enters later than its deadline's order.
+        self._deadlines: list[tuple[float, int, asyncio.Future[shard_pb2.ShardResult]]] = []
+        self._arrivals = itertools.count()
+        self._expiry_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._was_ready = False
+        self._down_since: float | None = None
+        self._last_down_line = float("-inf")
+        self._unlogged_breaks = 0
         self.sent_batches = 0
         self.sent_commands = 0
+        self.connects = 0
         self.breaks = 0  # streams that ended; mesh commands sent on them may be lost
-        self.timeouts = 0
         self.stalls = 0
-        self._pending_since: float | None = None  # loop time the oldest queued command arrived
-        self._reader_gone = False  # the stream's request iterator ended while the call lives
-        self._deadlines: deque[tuple[float, asyncio.Future[shard_pb2.ShardResult]]] = deque()
-        self._expiry_task: asyncio.Task[None] | None = None
-        self._broken = asyncio.Event()
+        self.timeouts = 0
+        self.refused_away = 0
+        self.refused_busy = 0
+
+    # --- callers -------------------------------------------------------------------------
 
     async def execute(
         self, command: shard_pb2.ShardCommand, *, timeout_s: float | None = None
     ) -> shard_pb2.ShardResult:
         """Send one client command and wait for its final result.
 
-        With `timeout_s`, TimeoutError once that long passed without one (one sweep
-        per link expires them in arrival order: a timer per command costs more than
-        the command; callers of one link are expected to use one timeout).
+        With `timeout_s`, TimeoutError once that long passed without one, counted from
+        this call (one sweep per link expires them in arrival order: a timer per
+        command costs more than the command; callers of one link use one timeout).
         """
-        self._ensure_stream()
+        self._ensure_running()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if self.state is LinkState.AWAY and not await self._attempt_on_demand(timeout_s):
+            self.refused_away += 1
+            raise ShardUnavailableError(f"shard {self.address} is unavailable")
+        if len(self._pending) >= self.max_queued:
+            self.refused_busy += 1
+            raise ShardBusyError(f"shard {self.address}: {self.max_queued} commands queued")
         correlation_id = self._prefix | next(self._ids)
         command.correlation_id = correlation_id
-        loop = asyncio.get_running_loop()
         future: asyncio.Future[shard_pb2.ShardResult] = loop.create_future()
         self._waiting[correlation_id] = future
         if timeout_s is not None:
-            self._deadlines.append((loop.time() + timeout_s, future))
+            heapq.heappush(self._deadlines, (started + timeout_s, next(self._arrivals), future))
             if self._expiry_task is None or self._expiry_task.done():
                 self._expiry_task = asyncio.create_task(self._expire(timeout_s))
         try:
-            await self._enqueue(command)
+            self._append(command, future)
             return await future
         finally:
             self._waiting.pop(correlation_id, None)
 
     async def send(self, commands: Iterable[shard_pb2.ShardCommand]) -> None:
-        """Queue mesh commands (no result expected) on the stream."""
-        self._ensure_stream()
+        """Queue mesh commands (no result expected); waits while the queue is full."""
+        self._ensure_running()
         for command in commands:
             command.correlation_id = 0
-            await self._enqueue(command)
+            while len(self._pending) >= self.max_queued:
+                self._room.clear()
+                await self._room.wait()
+            self._append(command, None)
 
-    async def _enqueue(self, command: shard_pb2.ShardCommand) -> None:
-        while len(self._pending) >= MAX_QUEUED_COMMANDS:
-            self._room.clear()
-            await self._room.wait()
-        if not self._pending:
-            self._pending_since = asyncio.get_running_loop().time()
-        self._pending.append(command)
-        self._queued.set()
-
-    def _stalled(self) -> bool:
-        since = self._pending_since
-        return (
-            bool(self._pending)
-            and since is not None
-            and asyncio.get_running_loop().time() - since > STALL_S
-        )
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Return once a stream is up (TimeoutError after `timeout_s`)."""
+        self._ensure_running()
+        async with asyncio.timeout(timeout_s):
+            await self._ready.wait()
 
     async def wait_broken(self) -> None:
         """Return once the current stream has broken.
@@ -125,100 +208,229 @@ class ShardLink:
         """
         await self._broken.wait()
 
+    def statistics(self) -> ShardLinkStatistics:
+        return ShardLinkStatistics(
+            state=self.state.value,
+            queued=len(self._pending),
+            waiting=len(self._waiting),
+            sent_batches=self.sent_batches,
+            sent_commands=self.sent_commands,
+            connects=self.connects,
+            breaks=self.breaks,
+            stalls=self.stalls,
+            timeouts=self.timeouts,
+            refused_away=self.refused_away,
+            refused_busy=self.refused_busy,
+        )
+
     async def close(self) -> None:
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._expiry_task
-            self._expiry_task = None
-        if self._stream_task is not None:
-            self._stream_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ShardUnavailableError):
-                await self._stream_task
-            self._stream_task = None
+        self._closed = True
+        for task in (self._expiry_task, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._expiry_task = self._task = None
+        self._fail_waiting(ShardUnavailableError(f"link to shard {self.address} closed"))
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
 
-    # --- the stream ------------------------------------------------------------------
+    # --- the queue -----------------------------------------------------------------------
 
-    def _ensure_stream(self) -> None:
-        task = self._stream_task
-        if task is not None and not task.done() and (self._reader_gone or self._stalled()):
-            # Commands have waited for the stream's reader far longer than a batch takes:
-            # the stream is wedged. Replace it once the old one has failed its waiters.
-            self.stalls += 1
-            log.warning("shard_link.stream_stalled", shard=self.address, queued=len(self._pending))
-            task.add_done_callback(lambda _: self._ensure_stream())
-            task.cancel()
-            return
+    def _append(
+        self,
+        command: shard_pb2.ShardCommand,
+        future: asyncio.Future[shard_pb2.ShardResult] | None,
+    ) -> None:
+        if not self._pending:
+            self._pending_since = time.monotonic()
+        self._pending.append((command, future))
+        self._queued.set()
+
+    def _drop_queued_clients(self) -> None:
+        """A broken stream: its callers were failed; keep only the mesh commands."""
+        kept = deque(entry for entry in self._pending if entry[1] is None)
+        self._pending = kept
+        self._pending_since = time.monotonic() if kept else None
+        self._room.set()
+
+    def _stalled(self) -> bool:
+        """Queued commands untaken, or sent commands unanswered, for `stall_s`.
+
+        The shard answers every batch once it is durable (a `parked` result at least),
+        so a stream that took commands and says nothing for that long is dead even if
+        its connection is not (a stopped process, a half-open connection).
+        """
+        now = time.monotonic()
+        queued_since = self._pending_since
+        sent_since = self._unanswered_since
+        return (
+            bool(self._pending) and queued_since is not None and now - queued_since > self.stall_s
+        ) or (sent_since is not None and now - sent_since > self.stall_s)
+
+    # --- the stream ----------------------------------------------------------------------
+
+    def _ensure_running(self) -> None:
+        if self._closed:
+            raise ShardUnavailableError(f"link to shard {self.address} closed")
+        task = self._task
         if task is None or task.done():
-            self._prefix = secrets.randbits(31) << 32
-            self._ids = itertools.count(1)
-            self._broken = asyncio.Event()
-            self._stream_task = asyncio.create_task(self._run_stream())
+            if task is not None and not task.cancelled() and task.exception() is not None:
+                log.error(
+                    "shard_link.supervisor_failed", shard=self.address, error=repr(task.exception())
+                )
+            self._task = asyncio.create_task(self._keep_connected())
 
-    async def _run_stream(self) -> None:
+    async def _attempt_on_demand(self, timeout_s: float | None) -> bool:
+        """Away, but no attempt for a while: try now; whether the stream is up.
+
+        Waits at most the caller's own deadline for the attempt's outcome.
+        """
+        if time.monotonic() - self._last_attempt < RETRY_ON_DEMAND_S:
+            return False
+        done = self._attempt_done  # set when the next attempt has failed
+        self._attempt_wanted.set()
+        wait_s = self.connect_timeout_s if timeout_s is None else timeout_s
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                await _first_of(self._ready, done)
+        return self._ready.is_set()
+
+    async def _keep_connected(self) -> None:
+        backoff_s = BACKOFF_INITIAL_S
+        while True:
+            self.state = LinkState.CONNECTING
+            self._attempt_wanted.clear()
+            self._last_attempt = time.monotonic()
+            reason = await self._one_stream()
+            # Whatever was sent or queued for a caller on that stream gets its answer now.
+            self.state = LinkState.AWAY
+            self._ready.clear()
+            self._broken.set()
+            self._fail_waiting(ShardUnavailableError(f"shard {self.address}: {reason}"))
+            self._drop_queued_clients()
+            done, self._attempt_done = self._attempt_done, asyncio.Event()
+            done.set()
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                self._log_down(reason)
+            backoff_s = BACKOFF_INITIAL_S if self._was_ready else min(backoff_s * 2, BACKOFF_MAX_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(backoff_s):
+                    await self._attempt_wanted.wait()
+
+    async def _one_stream(self) -> str:
+        """Run one stream until it ends; the reason it ended."""
+        self._was_ready = False
         if self._channel is None:
             self._channel = mesh_channel(self.address)
+        self._prefix = secrets.randbits(31) << 32
+        self._ids = itertools.count(1)
         ended = asyncio.Event()
         call = self._channel.stream_stream(
             EXECUTE_METHOD,
             request_serializer=None,
             response_deserializer=shard_pb2.ShardResultBatch.FromString,
         )(self._batches(ended))
+        reader: asyncio.Task[str] | None = None
         try:
-            async for batch in call:
-                for result in batch.results:
-                    future = self._waiting.get(result.correlation_id)
-                    if future is None or future.done() or result.parked:
-                        continue
-                    future.set_result(result)
-            error: BaseException = ShardUnavailableError(f"shard {self.address} closed the stream")
-        except grpc.aio.AioRpcError as rpc_error:
-            error = ShardUnavailableError(f"shard {self.address}: {rpc_error.code().name}")
-        except asyncio.CancelledError:
-            self._fail_waiting(ShardUnavailableError(f"shard {self.address}: stream replaced"))
-            raise
+            try:
+                async with asyncio.timeout(self.connect_timeout_s):
+                    await call.initial_metadata()
+            except TimeoutError:
+                return f"no answer to the stream's opening in {self.connect_timeout_s:g} s"
+            if call.done():
+                return f"refused the stream: {(await call.code()).name}"
+            self._became_ready()
+            reader = asyncio.create_task(self._read_results(call))
+            while True:
+                done, _ = await asyncio.wait({reader}, timeout=self.stall_s / 4)
+                if done:
+                    return reader.result()
+                if self._stalled():
+                    self.stalls += 1
+                    return f"stream wedged: nothing taken or answered for {self.stall_s:g} s"
+        except grpc.aio.AioRpcError as error:
+            return str(error.code().name)
         finally:
             # A call that ended with an error does not stop its request iterator: tell it.
             ended.set()
             call.cancel()
-            self.breaks += 1
-            self._broken.set()
-        self._fail_waiting(error)
+            if reader is not None:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader
+            self.breaks += self._was_ready
+
+    def _became_ready(self) -> None:
+        self._was_ready = True
+        self.connects += 1
+        self.state = LinkState.READY
+        self._broken = asyncio.Event()
+        self._ready.set()
+        # Mesh commands kept across the break have waited for this stream, not on it.
+        self._pending_since = time.monotonic() if self._pending else None
+        self._unanswered_since = None
+        down_since = self._down_since
+        self._down_since = None
+        if down_since is not None:
+            log.info(
+                "shard_link.ready",
+                shard=self.address,
+                away_s=round(time.monotonic() - down_since, 3),
+                refused_away=self.refused_away,
+                refused_busy=self.refused_busy,
+            )
+
+    async def _read_results(self, call: grpc.aio.StreamStreamCall) -> str:
+        try:
+            async for batch in call:
+                self._unanswered_since = None
+                waiting = self._waiting
+                for result in batch.results:
+                    future = waiting.get(result.correlation_id)
+                    if future is None or future.done() or result.parked:
+                        continue
+                    future.set_result(result)
+        except grpc.aio.AioRpcError as error:
+            return str(error.code().name)
+        return "the shard closed the stream"
 
     async def _batches(self, ended: asyncio.Event) -> AsyncIterator[bytes]:
-        self._reader_gone = False
-        try:
+        """What the stream sends: nothing before it is READY, then the queue in batches."""
+        if not await _first_of(self._ready, ended):
+            return
+        while True:
+            if not self._pending:
+                while not self._pending:
+                    self._queued.clear()
+                    if not await _first_of(self._queued, ended):
+                        return
+                # Unary callers arrive one per loop turn: a short linger after an idle spell
+                # lets a burst share one batch (one message, one log entry) instead of one each.
+                if self.linger_s > 0:
+                    await asyncio.sleep(self.linger_s)
+            if ended.is_set():
+                return
+            batch = shard_pb2.ShardCommandBatch()
+            commands = batch.commands
             pending = self._pending
-            while True:
-                if not pending:
-                    while not pending:
-                        self._queued.clear()
-                        if not await _first_of(self._queued, ended):
-                            return
-                    # Unary callers arrive one per loop turn: a short linger after an idle spell
-                    # lets a burst share one batch (one message, one log entry) instead of one each.
-                    if self.linger_s > 0:
-                        await asyncio.sleep(self.linger_s)
-                if ended.is_set():
-                    return
-                batch = shard_pb2.ShardCommandBatch()
-                commands = batch.commands
-                while pending and len(commands) < MAX_COMMANDS_PER_BATCH:
-                    commands.append(pending.popleft())
-                self._pending_since = asyncio.get_running_loop().time() if pending else None
-                if len(pending) < MAX_QUEUED_COMMANDS:
-                    self._room.set()
-                self.sent_batches += 1
-                self.sent_commands += len(commands)
-                yield batch.SerializeToString()
-        finally:
-            # Ended without its call ending (an error inside grpc's request consumer):
-            # nothing would read the queue again on this stream.
-            if not ended.is_set():
-                self._reader_gone = True
+            while pending and len(commands) < MAX_COMMANDS_PER_BATCH:
+                command, future = pending.popleft()
+                if future is not None and future.done():
+                    continue  # its caller stopped waiting (deadline): it retries, same id
+                commands.append(command)
+            self._pending_since = time.monotonic() if pending else None
+            if len(pending) < self.max_queued:
+                self._room.set()
+            if not commands:
+                continue
+            self.sent_batches += 1
+            self.sent_commands += len(commands)
+            if self._unanswered_since is None:
+                self._unanswered_since = time.monotonic()
+            yield batch.SerializeToString()
 
     async def _expire(self, interval_s: float) -> None:
         """Fail the commands whose deadline passed; runs while any deadline is pending."""
@@ -227,13 +439,11 @@ class ShardLink:
         tick_s = min(max(interval_s / 20, 0.005), 0.1)
         while deadlines:
             now = loop.time()
-            while deadlines and deadlines[0][0] <= now:
-                _, future = deadlines.popleft()
+            while deadlines and (deadlines[0][0] <= now or deadlines[0][2].done()):
+                _, _, future = heapq.heappop(deadlines)
                 if not future.done():
                     self.timeouts += 1
                     future.set_exception(TimeoutError("no result from the shard in time"))
-            while deadlines and deadlines[0][1].done():
-                deadlines.popleft()
             await asyncio.sleep(tick_s)
 
     def _fail_waiting(self, error: BaseException) -> None:
@@ -241,9 +451,26 @@ class ShardLink:
             if not future.done():
                 future.set_exception(error)
 
+    def _log_down(self, reason: str) -> None:
+        now = time.monotonic()
+        if now - self._last_down_line < LOG_INTERVAL_S:
+            self._unlogged_breaks += 1
+            return
+        log.warning(
+            "shard_link.down",
+            shard=self.address,
+            reason=reason,
+            breaks=self.breaks,
+            unlogged_since_last=self._unlogged_breaks,
+        )
+        self._last_down_line = now
+        self._unlogged_breaks = 0
+
 
 async def _first_of(wanted: asyncio.Event, ended: asyncio.Event) -> bool:
     """Wait for `wanted` or `ended`; True if `wanted` came first (or both at once)."""
+    if wanted.is_set() or ended.is_set():
+        return wanted.is_set() and not ended.is_set()
     waits = [asyncio.ensure_future(wanted.wait()), asyncio.ensure_future(ended.wait())]
     try:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

@@ -76,6 +76,9 @@ class ShardServicer:
     async def execute(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
+        # Answer the stream's opening at once: a `ShardLink` counts the shard as
+        # reachable only once it has seen these headers (services/clients/shard_link.py).
+        await context.send_initial_metadata(())
         ingress = self.host.ingress
         window: asyncio.Queue[tuple[asyncio.Future[Any], bytes] | None] = asyncio.Queue(
             self.max_inflight_batches

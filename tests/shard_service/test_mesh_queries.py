@@ -90,6 +90,7 @@ async def test_shard_link_loses_nothing_queued_after_the_shard_restarts(
             await link.execute(deposit(8, 1_000))
         await link.wait_broken()
         shard_process.start_serving()
+        await link.wait_ready(10)
         # The first commands after the break: a mesh command (no answer to notice its loss)
         # and a client command that only succeeds if the mesh command arrived first.
         await link.send([hydrate(9)])

@@ -1,0 +1,180 @@
+"""The shared `ShardLink` through shard faults, under a load of many concurrent callers.
+
+What the gateway relies on: every command gets an answer within its deadline
+(a result, or a retryable error), the link finds the shard again by itself after
+any number of SIGKILLs, a stopped (SIGSTOP) shard is found wedged and left, the
+queue stays bounded, the log says one thing per incident, and retries with the
+same ids apply every command exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from structlog.testing import capture_logs
+
+from services.clients.shard_link import LinkState, ShardLink, ShardUnavailableError
+from tests.shard_service.shard_client import USDT, ShardClient, balance, deposit, hydrate
+from tests.shard_service.shard_process import ShardProcess, aio_channel
+
+pytestmark = pytest.mark.slow
+USERS = 16
+TIMEOUT_S = 2.0
+ANSWER_MARGIN_S = 0.5  # the expiry sweep's tick and a loaded machine's scheduling
+PAUSE_S = 0.025  # per caller: 16 callers, about 600 commands/s in all
+RETRY_PAUSE_S = 0.02
+KILLS = 4
+SERVE_AGAIN_S = 5.0
+
+
+@dataclass
+class DepositLoad:
+    """Each user's caller deposits 1 unit at a time, retrying each transfer id until final."""
+
+    link: ShardLink
+    users: range
+    accepted: Counter[int] = field(default_factory=Counter)  # per user: transfers applied
+    answers: Counter[str] = field(default_factory=Counter)
+    slowest_answer_s: float = 0.0
+    last_success: float = 0.0
+    max_queued: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for user_id in self.users:
+                group.create_task(self._caller(user_id))
+
+    async def wait_successes(self, count: int, timeout_s: float = 30.0) -> None:
+        target = sum(self.accepted.values()) + count
+        deadline = time.monotonic() + timeout_s
+        while sum(self.accepted.values()) < target:
+            assert time.monotonic() < deadline, f"no {count} successes: {self.answers}"
+            await asyncio.sleep(0.02)
+
+    async def wait_answers(self, kind: str, count: int, timeout_s: float = 30.0) -> None:
+        target = self.answers[kind] + count
+        deadline = time.monotonic() + timeout_s
+        while self.answers[kind] < target:
+            assert time.monotonic() < deadline, f"no {count} {kind}: {self.answers}"
+            await asyncio.sleep(0.02)
+
+    async def _caller(self, user_id: int) -> None:
+        sequence = 0
+        while not self.stop.is_set():
+            sequence += 1
+            transfer_id = f"load-{user_id}-{sequence}"
+            while True:
+                started = time.monotonic()
+                try:
+                    result = await self.link.execute(
+                        deposit(user_id, 1, transfer_id=transfer_id), timeout_s=TIMEOUT_S
+                    )
+                except (ShardUnavailableError, TimeoutError) as error:
+                    self._answered(started, type(error).__name__)
+                    await asyncio.sleep(RETRY_PAUSE_S)
+                    continue
+                self._answered(started, "duplicate" if result.duplicate else "accepted")
+                assert result.accepted, result
+                self.accepted[user_id] += 1
+                self.last_success = time.monotonic()
+                break
+            await asyncio.sleep(PAUSE_S)
+
+    def _answered(self, started: float, kind: str) -> None:
+        self.answers[kind] += 1
+        self.slowest_answer_s = max(self.slowest_answer_s, time.monotonic() - started)
+        self.max_queued = max(self.max_queued, self.link.statistics().queued)
+
+
+async def _started_load(process: ShardProcess) -> tuple[ShardLink, DepositLoad, asyncio.Task[None]]:
+    link = ShardLink(process.address)
+    users = range(1, USERS + 1)
+    await link.send([hydrate(user_id) for user_id in users])
+    await link.wait_ready(10)
+    load = DepositLoad(link, users)
+    return link, load, asyncio.create_task(load.run())
+
+
+async def _finish(link: ShardLink, load: DepositLoad, running: asyncio.Task[None]) -> None:
+    load.stop.set()
+    await asyncio.wait_for(running, 60)
+    await link.close()
+
+
+async def _check_exactly_once(process: ShardProcess, load: DepositLoad) -> None:
+    async with aio_channel(process.address) as channel:
+        shard = ShardClient(channel)
+        for user_id in load.users:
+            view = await shard.actor(user_id)
+            assert balance(view, USDT).total == load.accepted[user_id], user_id
+
+
+async def test_the_link_serves_again_after_four_shard_kills_under_load(
+    new_shard: Callable[..., ShardProcess],
+) -> None:
+    process = new_shard()
+    process.start_serving()
+    with capture_logs() as lines:
+        link, load, running = await _started_load(process)
+        try:
+            for _ in range(KILLS):
+                await load.wait_successes(300)
+                process.kill()
+                # Away: callers are refused at once, not queued.
+                await load.wait_answers("ShardUnavailableError", 50)
+                await asyncio.to_thread(process.start_serving)
+                served = time.monotonic()
+                await load.wait_successes(1, timeout_s=SERVE_AGAIN_S)
+                assert load.last_success - served < SERVE_AGAIN_S
+            await load.wait_successes(300)
+            statistics = link.statistics()
+        finally:
+            await _finish(link, load, running)
+    print(
+        f"answers {dict(load.answers)}, slowest {load.slowest_answer_s:.3f} s, {link.statistics()}"
+    )
+    assert load.slowest_answer_s < TIMEOUT_S + ANSWER_MARGIN_S
+    assert load.max_queued <= link.max_queued
+    assert statistics.breaks == KILLS, statistics
+    # One line when the shard goes away and one when it is back, per kill (never per command).
+    events = Counter(line["event"] for line in lines if line["event"].startswith("shard_link."))
+    assert events["shard_link.down"] <= KILLS and events["shard_link.ready"] == KILLS, events
+    await _check_exactly_once(process, load)
+
+
+async def test_a_stopped_shard_is_found_wedged_and_left_then_found_again(
+    new_shard: Callable[..., ShardProcess],
+) -> None:
+    process = new_shard()
+    process.start_serving()
+    link, load, running = await _started_load(process)
+    try:
+        await load.wait_successes(200)
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            # The TCP connection lives on, nothing answers: deadlines, then the wedge.
+            await _wait_for(lambda: link.statistics().stalls >= 1, timeout_s=30)
+            assert link.state is not LinkState.READY
+            await load.wait_answers("ShardUnavailableError", 20)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        await load.wait_successes(200)
+    finally:
+        await _finish(link, load, running)
+    assert load.slowest_answer_s < TIMEOUT_S + ANSWER_MARGIN_S
+    await _check_exactly_once(process, load)
+
+
+async def _wait_for(condition: Callable[[], bool], *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
