@@ -70,6 +70,10 @@ def timed_out(detail: str) -> GatewayError:
     return GatewayError(gateway_pb2.GATEWAY_ERROR_REASON_TIMEOUT, detail)
 
 
+def deadline_passed(deadline_s: float) -> GatewayError:
+    return timed_out(f"no answer within the request deadline of {deadline_s:g} s")
+
+
 def slow_consumer(detail: str) -> GatewayError:
     return GatewayError(
         gateway_pb2.GATEWAY_ERROR_REASON_SLOW_CONSUMER,

@@ -4,12 +4,14 @@ It authenticates the call (`Authenticator`), refuses a user key acting on
 another account and a non-admin key calling the admin service, publishes the
 caller in the `caller` context variable, continues the client's trace, counts
 the call, and turns any `GatewayError` into its status code with the reason in
-the trailing metadata `x-oms-reason`. Handlers hold no security code of their
-own. Health and status calls are not intercepted.
+the trailing metadata `x-oms-reason`. A unary call gets its answer within the
+request deadline (TIMEOUT when nothing else came first). Handlers hold no
+security code of their own. Health and status calls are not intercepted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -29,7 +31,7 @@ from gateway.authentication import (
     count_error,
 )
 from gateway.credentials import KeyHolder
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, deadline_passed
 from gateway.signing import REASON_TRAILER
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import gateway_pb2
@@ -83,8 +85,11 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         authenticator: Authenticator,
         counters: GatewayCounters,
         on_user_authenticated: Callable[[int], None],
+        *,
+        deadline_s: float,
     ) -> None:
         self.authenticator = authenticator
+        self.deadline_s = deadline_s
         self.counters = counters
         self.on_user_authenticated = on_user_authenticated
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
@@ -150,6 +155,16 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             trace_context.attach(trace_parent)
         return holder
 
+    async def _admit_in_time(
+        self, method: str, context: grpc.aio.ServicerContext[Any, Any], request: Message | None
+    ) -> None:
+        """A stream is admitted (or refused) within the request deadline."""
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                await self._admit(method, context, request)
+        except TimeoutError as timeout:
+            raise deadline_passed(self.deadline_s) from timeout
+
     @staticmethod
     def _request_counter(method: str) -> str:
         return "requests." + method.rsplit("/", 1)[1]
@@ -166,8 +181,12 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> Callable[[Any, Any], Awaitable[Any]]:
         async def behaviour(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             try:
-                await self._admit(method, context, request)
-                return await inner(request, context)
+                try:
+                    async with asyncio.timeout(self.deadline_s):
+                        await self._admit(method, context, request)
+                        return await inner(request, context)
+                except TimeoutError as timeout:
+                    raise deadline_passed(self.deadline_s) from timeout
             except GatewayError as error:
                 self._failed(method, error)
                 await _abort(context, error)
@@ -181,7 +200,7 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             try:
-                await self._admit(method, context, request)
+                await self._admit_in_time(method, context, request)
                 async for response in inner(request, context):
                     yield response
             except GatewayError as error:
@@ -197,7 +216,7 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             try:
-                await self._admit(method, context, None)
+                await self._admit_in_time(method, context, None)
                 async for response in inner(requests, context):
                     yield response
             except GatewayError as error:

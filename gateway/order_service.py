@@ -41,6 +41,7 @@ class OrderService:
         order_updates: OrderUpdateFanout,
         counters: GatewayCounters,
         trade_in_flight: int,
+        request_deadline_s: float,
     ) -> None:
         self.validator = validator
         self.router = router
@@ -48,6 +49,7 @@ class OrderService:
         self.order_updates = order_updates
         self.counters = counters
         self.trade_in_flight = trade_in_flight
+        self.request_deadline_s = request_deadline_s
 
     # --- orders (shared by the unary calls and the Trade stream) ---------------------------
 
@@ -136,6 +138,7 @@ class OrderService:
             cancel=self.cancel,
             counters=self.counters,
             max_in_flight=self.trade_in_flight,
+            deadline_s=self.request_deadline_s,
         )
         async for batch in session.run(requests):
             yield batch

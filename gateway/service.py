@@ -59,7 +59,9 @@ class Gateway:
             self.persister, counters, interval_s=settings.prefetch_interval_ms / 1000
         )
         shard = ShardEndpoint(
-            settings.shard_address, timeout_s=settings.shard_timeout_ms / 1000, counters=counters
+            settings.shard_address,
+            timeout_s=settings.request_deadline_ms / 1000,
+            counters=counters,
         )
         self.router = ShardRouter(StaticRouting(shard), counters)
         self.order_updates = OrderUpdateFanout(
@@ -76,6 +78,7 @@ class Gateway:
             order_updates=self.order_updates,
             counters=counters,
             trade_in_flight=settings.trade_in_flight,
+            request_deadline_s=settings.request_deadline_ms / 1000,
         )
         self.admin = AdminService(
             validator=validator,
@@ -91,6 +94,7 @@ class Gateway:
             ),
             counters,
             self.hydrate_ahead.offer,
+            deadline_s=settings.request_deadline_ms / 1000,
         )
 
     def status(self) -> tuple[Mapping[str, int], Mapping[str, str]]:

@@ -39,7 +39,12 @@ class GatewaySettings:
         default=1_000,
         help="how long an unknown key is remembered as unknown (kept short: a new key works soon)",
     )
-    shard_timeout_ms: int = setting(env="OMS_GATEWAY_SHARD_TIMEOUT_MS", default=10_000)
+    request_deadline_ms: int = setting(
+        env="OMS_GATEWAY_REQUEST_DEADLINE_MS",
+        default=5_000,
+        help="every unary call and every Trade request is answered within this long"
+        " (TIMEOUT if nothing else came first: retry with the same ids)",
+    )
     persister_timeout_ms: int = setting(env="OMS_GATEWAY_PERSISTER_TIMEOUT_MS", default=5_000)
     matcher_timeout_ms: int = setting(env="OMS_GATEWAY_MATCHER_TIMEOUT_MS", default=5_000)
     prefetch_interval_ms: int = setting(

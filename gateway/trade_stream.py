@@ -5,7 +5,8 @@ with BATCH_TOO_LARGE after answering what it had accepted) is checked request
 by request — the account against the stream's key, then the fields — and every
 valid request goes to the shard at once through the shared `ShardLink`. Answers
 leave as they are ready: whatever completed during one loop turn goes out in one
-`TradeResponseBatch`, matched by `request_id`, one answer per request. At most
+`TradeResponseBatch`, matched by `request_id`, one answer per request, within
+`deadline_s` of reading it (a TIMEOUT error when nothing else came first). At most
 `max_in_flight` requests are unanswered per stream; past that, reading pauses,
 which is how gRPC flow control pushes back on the client.
 """
@@ -19,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.authentication import authorize_account, count_error
 from gateway.credentials import KeyHolder
-from gateway.errors import GatewayError, invalid_field
+from gateway.errors import GatewayError, deadline_passed, invalid_field
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import gateway_pb2
 
@@ -40,12 +41,14 @@ class TradeSession:
         cancel: CancelHandler,
         counters: GatewayCounters,
         max_in_flight: int,
+        deadline_s: float,
     ) -> None:
         self.holder = holder
         self.check = check
         self.place = place
         self.cancel = cancel
         self.counters = counters
+        self.deadline_s = deadline_s
         self.slots = asyncio.Semaphore(max_in_flight)
         self.ready: deque[gateway_pb2.TradeResponse] = deque()
         self.changed = asyncio.Event()
@@ -132,12 +135,15 @@ class TradeSession:
     async def _answer(self, request: gateway_pb2.TradeRequest, kind: str) -> None:
         response = gateway_pb2.TradeResponse(request_id=request.request_id)
         try:
-            if kind == "place":
-                response.place.CopyFrom(await self.place(request.place))
-            else:
-                response.cancel.CopyFrom(await self.cancel(request.cancel))
+            async with asyncio.timeout(self.deadline_s):
+                if kind == "place":
+                    response.place.CopyFrom(await self.place(request.place))
+                else:
+                    response.cancel.CopyFrom(await self.cancel(request.cancel))
         except GatewayError as error:
             response = self._error(request.request_id, error)
+        except TimeoutError:
+            response = self._error(request.request_id, deadline_passed(self.deadline_s))
         except Exception as error:
             self.failure = error  # raised by the writer: the stream fails, the client retries
             self.changed.set()

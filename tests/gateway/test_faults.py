@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import time
 from collections.abc import Callable
 
 import grpc
 
-from gateway.client import AdminClient, GatewayCallError, OmsClient
+from gateway.client import AdminClient, GatewayCallError, OmsClient, TradeStream
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from tests.full_mesh import FullMesh, gateway_counters
 from tests.gateway.accounts import (
@@ -129,3 +132,52 @@ async def test_sigterm_stops_the_gateway_cleanly(shared_mesh: FullMesh, admin: A
         assert (await client.place_order(buy(client, "before-stop", 1))).accepted
     assert gateway.terminate() == 0
     assert "service.stopped" in gateway.log_tail()
+
+
+async def test_a_stopped_shard_gets_every_request_an_answer_within_the_deadline(
+    new_mesh: Callable[..., FullMesh],
+) -> None:
+    # SIGSTOP: the shard's connections stay open and nothing answers on them.
+    deadline_s = 1.0
+    mesh = new_mesh(gateway_environment={"OMS_GATEWAY_REQUEST_DEADLINE_MS": "1000"})
+    mesh.start()
+    async with mesh.admin() as admin:
+        account = await open_account(admin, {"USDT": 10_000_000_000}, tier=WHALE)
+    async with account.client(mesh.gateway.address) as client:
+        orders = [buy(client, f"stopped-{n}", 1) for n in range(200)]
+        os.kill(mesh.shard.pid, signal.SIGSTOP)
+        try:
+            async with client.trade() as stream:
+                started = time.monotonic()
+                answers = await stream.submit(orders, timeout_s=10 * deadline_s)
+                took_s = time.monotonic() - started
+            reasons = {answer.error.reason for answer in answers}
+            assert reasons <= {
+                gateway_pb2.GATEWAY_ERROR_REASON_TIMEOUT,
+                gateway_pb2.GATEWAY_ERROR_REASON_UNAVAILABLE,
+            }, answers[:3]
+            assert took_s < deadline_s + 1.0, took_s
+            started = time.monotonic()
+            error = await refusal(client.place_order(orders[0]))
+            assert error.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+            assert time.monotonic() - started < deadline_s + 1.0
+        finally:
+            os.kill(mesh.shard.pid, signal.SIGCONT)
+        # Retried with the same ids once the shard runs again: each order exists once.
+        async with client.trade() as stream:
+            retried = await eventually(
+                lambda: _all_answered(stream, orders), lambda acks: acks is not None
+            )
+        assert retried is not None
+        assert len({ack.order_id for ack in retried}) == len(orders)
+        state = await account_state(client)
+    assert len(state.open_orders) == len(orders)
+
+
+async def _all_answered(
+    stream: TradeStream, orders: list[gateway_pb2.PlaceOrderRequest]
+) -> list[gateway_pb2.OrderAck] | None:
+    answers = await stream.submit(orders, timeout_s=10)
+    if any(not answer.HasField("place") or answer.place.retryable for answer in answers):
+        return None
+    return [answer.place for answer in answers]
