@@ -7,7 +7,10 @@ buffer, which blocks this loop only while it is full (backpressure).
 
 Completeness: the shard never splits one position's items across two stream
 messages (shard.proto, `SubscribeEgress`), so every position in a message is
-complete when the message arrives.
+complete when the message arrives; and each message that ends a run of records
+says the position it covers the log through (`through_position`), so the
+persister is "written through" the shard's position even when the last records
+held nothing for it (timers): reads that wait for a position end.
 
 When the stream breaks (the shard restarted or the network failed) the follower
 drops what it got past the complete position, waits for the shard's channel to
@@ -78,7 +81,11 @@ class EgressFollower:
                 log.info(
                     "persister.egress_subscribed", shard=self.shard_address, from_position=start
                 )
-                call = subscribe(shard_pb2.EgressSubscription(from_position=start, kinds=KINDS))
+                call = subscribe(
+                    shard_pb2.EgressSubscription(
+                        from_position=start, kinds=KINDS, through_positions=True
+                    )
+                )
                 try:
                     async for message in call:
                         await self._take(message)
@@ -106,6 +113,10 @@ class EgressFollower:
     async def _take(self, message: shard_pb2.ShardEgressBatch) -> None:
         items = message.items
         if not items:
+            # Positions with nothing for the persister: written through them, at no cost.
+            if message.through_position:
+                self.received_through = max(self.received_through, message.through_position)
+                self.buffer.mark_complete(message.through_position)
             return
         buffer = self.buffer
         await buffer.wait_for_room()
@@ -120,7 +131,7 @@ class EgressFollower:
                 self.dedup.request(lookup.user_id, lookup.client_order_id, position)
             else:
                 buffer.add(item)
-        last = items[-1].stamp.position
+        last = max(items[-1].stamp.position, message.through_position)
         self.received_through = last
         self.counters.add("egress_items", len(items))
         self.counters.add("egress_messages")

@@ -4,11 +4,13 @@ Errors are gRPC status codes with the machine-readable reason (a
 `PersisterErrorReason` name) in the trailing metadata key `x-oms-reason`:
 ALREADY_EXISTS/USER_EXISTS, NOT_FOUND/UNKNOWN_KEY or UNKNOWN_ORDER,
 INVALID_ARGUMENT/INVALID_FIELD (the detail names the field), UNAVAILABLE when
-PostgreSQL cannot be reached. A refused call changes nothing.
+PostgreSQL cannot be reached, UNAVAILABLE/BEHIND when a read's `as_of_position`
+is not written within `read_wait_ms`. A refused call changes nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeAlias
 
@@ -20,7 +22,8 @@ from persister.accounts import UserExistsError, create_user, new_user_problem, r
 from persister.answers import AnswerSink
 from persister.counters import Counters
 from persister.errors import StoreError, StoreUnavailable
-from persister.order_rows import read_order
+from persister.history_reads import page_problem, read_fill_page, read_order_page, stored_fill
+from persister.order_rows import read_order, read_order_by_client_id
 from persister.store import Store
 from persister.unknown_users import UnknownUsers
 from persister.user_rows import INT64_MAX, StoredStateError, read_users, stored_state
@@ -34,7 +37,14 @@ MAX_PREFETCH_USERS = 10_000
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 Reason: TypeAlias = persister_pb2.PersisterErrorReason.ValueType
 
-COUNTERS = ("users_created", "credential_reads", "prefetch_requests", "prefetch_offers")
+COUNTERS = (
+    "users_created",
+    "credential_reads",
+    "prefetch_requests",
+    "prefetch_offers",
+    "history_pages",
+    "reads_behind",
+)
 
 
 async def abort(context: Context, code: grpc.StatusCode, reason: Reason, message: str) -> NoReturn:
@@ -45,12 +55,23 @@ async def abort(context: Context, code: grpc.StatusCode, reason: Reason, message
 
 class PersisterApi:
     def __init__(
-        self, store: Store, shard: AnswerSink, unknown: UnknownUsers, counters: Counters
+        self,
+        store: Store,
+        shard: AnswerSink,
+        unknown: UnknownUsers,
+        counters: Counters,
+        *,
+        committed_through: Callable[[], int],
+        wait_committed: Callable[[int], Awaitable[None]],
+        read_wait_s: float,
     ) -> None:
         self.store = store
         self.shard = shard
         self.unknown = unknown
         self.counters = counters
+        self.committed_through = committed_through
+        self.wait_committed = wait_committed
+        self.read_wait_s = read_wait_s
 
     async def create_user(
         self, request: persister_pb2.NewUser, context: Context
@@ -103,16 +124,68 @@ class PersisterApi:
     async def get_stored_order(
         self, request: persister_pb2.StoredOrderQuery, context: Context
     ) -> persister_pb2.StoredOrder:
-        if not request.order_id:
+        if not request.order_id and not (request.client_order_id and request.user_id):
             await abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, "order_id is empty"
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                _INVALID_FIELD,
+                "order_id, or client_order_id with user_id, is required",
             )
+        await self._written_through(request.as_of_position, context)
         async with self.store.session() as session:
-            row = await read_order(session, request.order_id)
+            if request.order_id:
+                row = await read_order(session, request.order_id)
+            else:
+                row = await read_order_by_client_id(
+                    session, request.user_id, request.client_order_id
+                )
         # Another user's order is "not found", never "not yours".
         if row is None or (request.user_id and row["user_id"] != request.user_id):
             await abort(context, grpc.StatusCode.NOT_FOUND, _UNKNOWN_ORDER, "unknown order")
         return persister_pb2.StoredOrder(**row)
+
+    async def list_orders(
+        self, request: persister_pb2.OrderPageQuery, context: Context
+    ) -> persister_pb2.OrderPage:
+        problem = page_problem(request.user_id, request.limit, request.from_ms, request.to_ms)
+        if problem:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, problem)
+        await self._written_through(request.as_of_position, context)
+        async with self.store.session() as session:
+            page = await read_order_page(session, request)
+        self.counters.add("history_pages")
+        return persister_pb2.OrderPage(
+            orders=[persister_pb2.StoredOrder(**row) for row in page.rows], more=page.more
+        )
+
+    async def list_fills(
+        self, request: persister_pb2.FillPageQuery, context: Context
+    ) -> persister_pb2.FillPage:
+        problem = page_problem(request.user_id, request.limit, request.from_ms, request.to_ms)
+        if problem:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, problem)
+        await self._written_through(request.as_of_position, context)
+        async with self.store.session() as session:
+            page = await read_fill_page(session, request)
+        self.counters.add("history_pages")
+        return persister_pb2.FillPage(fills=[stored_fill(row) for row in page.rows], more=page.more)
+
+    async def _written_through(self, position: int, context: Context) -> None:
+        """Wait (bounded) until every write of the shard's log through `position` is
+        committed: a read then sees everything the caller saw in the shard, and more."""
+        if position <= self.committed_through():
+            return
+        try:
+            async with asyncio.timeout(self.read_wait_s):
+                await self.wait_committed(position)
+        except TimeoutError:
+            self.counters.add("reads_behind")
+            await abort(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                _BEHIND,
+                f"written through {self.committed_through()}, not yet {position}",
+            )
 
     async def prefetch(
         self, request: persister_pb2.PrefetchRequest, context: Context
@@ -164,6 +237,12 @@ class PersisterApi:
             "GetStoredOrder": unary(
                 self.get_stored_order, persister_pb2.StoredOrderQuery, persister_pb2.StoredOrder
             ),
+            "ListOrders": unary(
+                self.list_orders, persister_pb2.OrderPageQuery, persister_pb2.OrderPage
+            ),
+            "ListFills": unary(
+                self.list_fills, persister_pb2.FillPageQuery, persister_pb2.FillPage
+            ),
             "Prefetch": unary(
                 self.prefetch, persister_pb2.PrefetchRequest, persister_pb2.PrefetchAck
             ),
@@ -178,6 +257,7 @@ _INVALID_FIELD = persister_pb2.PERSISTER_ERROR_REASON_INVALID_FIELD
 _USER_EXISTS = persister_pb2.PERSISTER_ERROR_REASON_USER_EXISTS
 _UNKNOWN_KEY = persister_pb2.PERSISTER_ERROR_REASON_UNKNOWN_KEY
 _UNKNOWN_ORDER = persister_pb2.PERSISTER_ERROR_REASON_UNKNOWN_ORDER
+_BEHIND = persister_pb2.PERSISTER_ERROR_REASON_BEHIND
 
 
 def _store_errors_as_status(

@@ -16,21 +16,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from persister.store import Row, Session
+from services.shard.core.orders import parse_order_id
 
 _INSERT = """
 INSERT INTO orders (order_id, user_id, client_order_id, symbol, side, order_type,
     time_in_force, price_ticks, quantity_lots, quote_amount, status, filled_lots,
-    remaining_lots, shard_id, created_position, updated_position, accepted_at_ms)
+    remaining_lots, shard_id, created_position, updated_position, accepted_at_ms,
+    updated_at_ms, user_seq)
 SELECT o.order_id, o.user_id, o.client_order_id, o.symbol, o.side, o.order_type,
     o.time_in_force, o.price_ticks, o.quantity_lots, o.quote_amount, o.status, o.filled_lots,
-    o.remaining_lots, $14::text, o.position, o.updated_position, o.accepted_at_ms
+    o.remaining_lots, $14::text, o.position, o.updated_position, o.accepted_at_ms,
+    o.updated_at_ms, o.user_seq
 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::smallint[],
             $6::smallint[], $7::smallint[], $8::bigint[], $9::bigint[], $10::bigint[],
             $11::smallint[], $12::bigint[], $13::bigint[], $15::bigint[], $16::bigint[],
-            $17::bigint[])
+            $17::bigint[], $18::bigint[], $19::bigint[])
      AS o(order_id, user_id, client_order_id, symbol, side, order_type, time_in_force,
           price_ticks, quantity_lots, quote_amount, status, filled_lots, remaining_lots,
-          position, accepted_at_ms, updated_position)
+          position, accepted_at_ms, updated_position, updated_at_ms, user_seq)
 ON CONFLICT DO NOTHING
 RETURNING order_id
 """
@@ -42,12 +45,25 @@ WHERE order_id = ANY($1::text[])
 _UPDATE = """
 UPDATE orders AS o
 SET status = c.status, filled_lots = c.filled_lots, remaining_lots = c.remaining_lots,
-    updated_position = c.position
-FROM unnest($1::text[], $2::smallint[], $3::bigint[], $4::bigint[], $5::bigint[])
-     AS c(order_id, status, filled_lots, remaining_lots, position)
+    updated_position = c.position, updated_at_ms = c.time_ms
+FROM unnest($1::text[], $2::smallint[], $3::bigint[], $4::bigint[], $5::bigint[],
+            $6::bigint[])
+     AS c(order_id, status, filled_lots, remaining_lots, position, time_ms)
 WHERE o.order_id = c.order_id AND o.updated_position < c.position
 RETURNING o.order_id
 """
+# What a reader sees of an order (persister.proto `StoredOrder`).
+STORED_ORDER_COLUMNS = (
+    "order_id, user_id, client_order_id, symbol, side, order_type, price_ticks, "
+    "quantity_lots, status, filled_lots, remaining_lots, updated_position, time_in_force, "
+    "quote_amount, accepted_at_ms, updated_at_ms, user_seq"
+)
+
+
+def user_sequence(order_id: str) -> int:
+    """The user's order sequence an order id carries (0 if it carries none)."""
+    parsed = parse_order_id(order_id)
+    return 0 if parsed is None else parsed[2]
 
 
 @dataclass(slots=True)
@@ -70,6 +86,7 @@ class NewOrder:
     filled_lots: int = 0
     remaining_lots: int = 0
     updated_position: int = 0
+    updated_at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +96,7 @@ class OrderChange:
     filled_lots: int
     remaining_lots: int
     position: int
+    time_ms: int
 
 
 @dataclass(slots=True)
@@ -112,6 +130,8 @@ async def insert_orders(
         [o.position for o in orders],
         [o.accepted_at_ms for o in orders],
         [max(o.updated_position, o.position) for o in orders],
+        [max(o.updated_at_ms, o.accepted_at_ms) for o in orders],
+        [user_sequence(o.order_id) for o in orders],
     )
     inserted = {row["order_id"] for row in rows}
     report = InsertReport(inserted=len(rows))
@@ -152,14 +172,22 @@ async def update_orders(session: Session, changes: Sequence[OrderChange]) -> int
         [c.filled_lots for c in changes],
         [c.remaining_lots for c in changes],
         [c.position for c in changes],
+        [c.time_ms for c in changes],
     )
     return len(rows)
 
 
 async def read_order(session: Session, order_id: str) -> Row | None:
     return await session.fetchrow(
-        "SELECT order_id, user_id, client_order_id, symbol, side, order_type, price_ticks, "
-        "quantity_lots, status, filled_lots, remaining_lots, updated_position "
-        "FROM orders WHERE order_id = $1",
-        order_id,
+        f"SELECT {STORED_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order_id
+    )
+
+
+async def read_order_by_client_id(
+    session: Session, user_id: int, client_order_id: str
+) -> Row | None:
+    return await session.fetchrow(
+        f"SELECT {STORED_ORDER_COLUMNS} FROM orders WHERE user_id = $1 AND client_order_id = $2",
+        user_id,
+        client_order_id,
     )

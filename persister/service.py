@@ -105,7 +105,15 @@ class PersisterService:
             self.counters,
             on_connect=self.resend_recent_flush_answers,
         )
-        self.api = PersisterApi(store, shard, self.unknown, self.counters)
+        self.api = PersisterApi(
+            store,
+            shard,
+            self.unknown,
+            self.counters,
+            committed_through=lambda: self.write_behind.committed_through,
+            wait_committed=self.write_behind.wait_committed,
+            read_wait_s=settings.read_wait_ms / 1000,
+        )
 
     def plan(self) -> ServicePlan:
         return ServicePlan(

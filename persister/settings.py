@@ -46,6 +46,11 @@ class PersisterSettings:
         default=30_000,
         help="on every (re)connect, flush answers committed this recently are sent again",
     )
+    read_wait_ms: int = setting(
+        env="OMS_PERSISTER_READ_WAIT_MS",
+        default=2_000,
+        help="a read as of a shard position waits this long for the writes before it (BEHIND)",
+    )
     pool_size: int = setting(env="OMS_PERSISTER_POOL_SIZE", default=8)
     startup_timeout_ms: int = setting(env="OMS_PERSISTER_STARTUP_TIMEOUT_MS", default=30_000)
     log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
@@ -66,6 +71,7 @@ class PersisterSettings:
             "unknown_user_ttl_ms": self.unknown_user_ttl_ms,
             "max_unknown_users": self.max_unknown_users,
             "pool_size": self.pool_size,
+            "read_wait_ms": self.read_wait_ms,
         }
         found += [
             f"{name} must be positive, not {value}" for name, value in positive.items() if value < 1

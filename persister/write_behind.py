@@ -40,6 +40,7 @@ from protos.oms.v1 import shard_pb2
 log = structlog.get_logger(__name__)
 
 FINAL_WRITE_S = 5.0
+CURSOR_REFRESH_S = 1.0
 MAX_RETRY_DELAY_S = 2.0
 
 COUNTERS = (
@@ -96,6 +97,7 @@ class WriteBehind:
         self.max_rows_per_transaction = max_rows_per_transaction
         self._committed_through = buffer.complete_through
         self._committed = asyncio.Condition()
+        self._cursor_written_at = float("-inf")
 
     @property
     def committed_through(self) -> int:
@@ -141,7 +143,20 @@ class WriteBehind:
 
     async def _write_once(self) -> None:
         ops, through = self.buffer.take(self.max_rows_per_transaction)
-        if through <= self._committed_through and not ops:
+        if not ops:
+            # Positions with nothing to write (timers, reads) are committed as they are. The
+            # stored cursor follows at most once a second: a restart re-reads a second of
+            # positions holding nothing to write, and never resumes from a position so
+            # old that the shard's egress window no longer holds it.
+            if through > self._committed_through:
+                now = asyncio.get_running_loop().time()
+                if now - self._cursor_written_at >= CURSOR_REFRESH_S:
+                    async with self.store.transaction() as session:
+                        await write_cursor(session, self.shard_id, through)
+                    self._cursor_written_at = now
+                self._committed_through = through
+                async with self._committed:
+                    self._committed.notify_all()
             self.buffer.release(0, through)
             return
         try:
@@ -155,6 +170,7 @@ class WriteBehind:
                 await write_cursor(session, self.shard_id, through)
             outcome.add("batch_fallbacks")
         self.buffer.release(len(ops), through)
+        self._cursor_written_at = asyncio.get_running_loop().time()
         self._committed_through = max(self._committed_through, through)
         self._count(outcome)
         if outcome.flushes:

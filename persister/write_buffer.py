@@ -77,7 +77,7 @@ class WriteBuffer:
                 )
             )
         elif kind == "order_update":
-            self._add_update(item.order_update, position)
+            self._add_update(item.order_update, position, time_ms)
         elif kind == "submit":
             o = item.submit.order
             new = NewOrder(
@@ -94,6 +94,7 @@ class WriteBuffer:
                 time_ms,
                 remaining_lots=o.quantity_lots,
                 updated_position=position,
+                updated_at_ms=time_ms,
             )
             self._open_orders[new.order_id] = new
             self._append(new)
@@ -169,7 +170,7 @@ class WriteBuffer:
         self._ops.append(op)
         self._update_room()
 
-    def _add_update(self, update: shard_pb2.OrderUpdate, position: int) -> None:
+    def _add_update(self, update: shard_pb2.OrderUpdate, position: int, time_ms: int) -> None:
         order = self._open_orders.get(update.order_id)
         if order is not None:
             if not order.client_order_id:
@@ -178,6 +179,7 @@ class WriteBuffer:
             order.filled_lots = update.filled_lots
             order.remaining_lots = update.remaining_lots
             order.updated_position = position
+            order.updated_at_ms = time_ms
             return
         self._append(
             OrderChange(
@@ -186,6 +188,7 @@ class WriteBuffer:
                 update.filled_lots,
                 update.remaining_lots,
                 position,
+                time_ms,
             )
         )
 

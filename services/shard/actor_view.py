@@ -46,6 +46,8 @@ def actor_view(machine: ShardMachine, user_id: int) -> shard_pb2.ActorView:
             order_type=request.order_type,
             price_ticks=request.price_ticks,
             quantity_lots=request.quantity_lots,
+            time_in_force=request.time_in_force,
+            quote_amount=request.quote_amount,
             remaining_lots=order.remaining_lots,
             filled_lots=order.filled_lots,
             status=order.status,

@@ -17,6 +17,7 @@ from services.runtime.egress_feed import EgressRecord
 from services.shard.core.codec import egress_to_protobufs
 
 ITEMS_FIELD_TAG = b"\x0a"  # ShardEgressBatch.items: field 1, wire type 2
+THROUGH_POSITION_TAG = b"\x10"  # ShardEgressBatch.through_position: field 2, varint
 CACHED_RECORDS = 1_024
 
 Frame = tuple[int, str, bytes]  # (log position, egress kind, framed bytes)
@@ -29,6 +30,11 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def through_position_frame(position: int) -> bytes:
+    """`ShardEgressBatch.through_position`, to close a message of item frames."""
+    return THROUGH_POSITION_TAG + _varint(position)
 
 
 def frames_of(record: EgressRecord[Any]) -> list[Frame]:

@@ -37,7 +37,7 @@ from services.shard.core.actor import UserActor
 from services.shard.core.codec import egress_to_protobufs
 from services.shard.core.egress import ShardResult, SubmitToMatcher
 from services.shard.core.shard_machine import ShardMachine
-from services.shard.egress_frames import EgressFrames
+from services.shard.egress_frames import EgressFrames, through_position_frame
 from services.shard.result_router import ResultRouter, Stamped
 from services.shard.tick_mailbox import TickMailbox
 
@@ -176,6 +176,7 @@ class ShardServicer:
     ) -> AsyncIterator[bytes]:
         kinds = frozenset(request.kinds)
         start = max(1, request.from_position)
+        with_through = request.through_positions
         try:
             async for records in self.host.feed.subscribe_batches(start):
                 chunk: list[bytes] = []
@@ -191,6 +192,8 @@ class ShardServicer:
                         previous = position
                         if not kinds or kind in kinds:
                             chunk.append(frame)
+                if with_through:
+                    chunk.append(through_position_frame(records[-1].last_position))
                 if chunk:
                     yield b"".join(chunk)
         except EgressWindowExceededError as error:
@@ -251,7 +254,9 @@ class ShardServicer:
         self, request: shard_pb2.ActorQuery, context: grpc.aio.ServicerContext[Any, Any]
     ) -> shard_pb2.ActorView:
         await self.host.settled()
-        return actor_view(self.machine, request.user_id)
+        view = actor_view(self.machine, request.user_id)
+        view.as_of_position = self.host.node.replica.applied_position
+        return view
 
     async def get_status(
         self, request: shard_pb2.ShardStatusRequest, context: grpc.aio.ServicerContext[Any, Any]

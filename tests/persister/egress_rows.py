@@ -36,20 +36,12 @@ def ledger_rows(items: Sequence[shard_pb2.ShardEgress]) -> list[LedgerKey]:
     return rows
 
 
-# Every kind the persister follows, plus results: one of them lands at any position a
-# test waits for (a client command's result, or the persister's committed position).
-_FENCE_KINDS = ("result", "hydrate_request", "dedup_lookup", "begin_dehydrate")
-
-
 async def egress_through(
     shard: ShardClient, kinds: Sequence[str], position: int
 ) -> list[shard_pb2.ShardEgress]:
-    """Every egress item of these kinds up to `position` (which must carry one of them)."""
-    items = await shard.egress(
-        [*kinds, *_FENCE_KINDS],
-        until=lambda got: bool(got) and got[-1].stamp.position >= position,
-    )
-    return [item for item in items if item.WhichOneof("egress") in kinds]
+    """Every egress item of these kinds up to `position`."""
+    items = await shard.egress(kinds, through=position)
+    return [item for item in items if item.stamp.position <= position]
 
 
 async def table_ledger(connection: Any) -> list[LedgerKey]:

@@ -73,7 +73,7 @@ def test_updates_merge_into_a_buffered_insert_and_follow_a_taken_one() -> None:
     buffer.release(1, 6)
     buffer.mark_complete(7)
     (change,), _ = buffer.take(100)
-    assert change == OrderChange("s1:7:1", common_pb2.ORDER_STATUS_FILLED, 5, 0, 7)
+    assert change == OrderChange("s1:7:1", common_pb2.ORDER_STATUS_FILLED, 5, 0, 7, 0)
 
 
 def test_a_capped_batch_ends_on_a_whole_position() -> None:

@@ -339,20 +339,26 @@ class ShardClient:
         kinds: Sequence[str] = (),
         *,
         from_position: int = 1,
-        until: Callable[[list[shard_pb2.ShardEgress]], bool],
+        until: Callable[[list[shard_pb2.ShardEgress]], bool] | None = None,
+        through: int = 0,
         timeout_s: float = WAIT_S,
     ) -> list[shard_pb2.ShardEgress]:
-        """Subscribe, collect items until `until(items)` holds, then disconnect."""
+        """Subscribe, collect items until `until(items)` holds (or, with `through`, until
+        the shard says every item through that position was sent), then disconnect."""
         items: list[shard_pb2.ShardEgress] = []
         call = self.stub.SubscribeEgress(
-            shard_pb2.EgressSubscription(from_position=from_position, kinds=list(kinds))
+            shard_pb2.EgressSubscription(
+                from_position=from_position, kinds=list(kinds), through_positions=bool(through)
+            )
         )
 
         async def collect() -> None:
             async for message in call:
                 assert isinstance(message, shard_pb2.ShardEgressBatch)
                 items.extend(message.items)
-                if until(items):
+                if through and message.through_position >= through:
+                    return
+                if until is not None and until(items):
                     return
 
         try:
@@ -362,6 +368,14 @@ class ShardClient:
         finally:
             call.cancel()
         return items
+
+
+def unpositioned(view: shard_pb2.ActorView) -> shard_pb2.ActorView:
+    """The view without the position it was read at: what a user's state is."""
+    copy = shard_pb2.ActorView()
+    copy.CopyFrom(view)
+    copy.ClearField("as_of_position")
+    return copy
 
 
 def balance(view: shard_pb2.ActorView, asset: str) -> shard_pb2.AssetBalance:

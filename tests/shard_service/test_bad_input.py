@@ -10,6 +10,7 @@ from tests.shard_service.shard_client import (
     hydrate,
     limit_order,
     next_correlation,
+    unpositioned,
 )
 
 R = shard_pb2
@@ -46,7 +47,7 @@ async def test_refusals_have_specific_reasons_and_change_nothing(
 ) -> None:
     user = users[0]
     await shard.run(hydrate(user), deposit(user, 1_000_000))
-    before = await shard.actor(user)
+    before = unpositioned(await shard.actor(user))
     unknown_symbol = limit_order(
         user, "b-1", price_ticks=6_500_000, quantity_lots=1, symbol="DOGE-USDT"
     )
@@ -62,7 +63,7 @@ async def test_refusals_have_specific_reasons_and_change_nothing(
         (False, R.SHARD_REJECT_REASON_INSUFFICIENT_FUNDS, False),
         (False, R.SHARD_REJECT_REASON_INVALID_AMOUNT, False),
     ]
-    assert await shard.actor(user) == before
+    assert unpositioned(await shard.actor(user)) == before
     # The refused client order id is not burnt: the same id is accepted once funded.
     (funded,) = await shard.run(deposit(user, 10_000_000, asset=USDT))
     (placed,) = await shard.run(limit_order(user, "b-4", price_ticks=6_500_000, quantity_lots=1))

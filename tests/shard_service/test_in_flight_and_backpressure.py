@@ -17,6 +17,7 @@ from tests.shard_service.shard_client import (
     hydrate,
     limit_order,
     matcher_events,
+    unpositioned,
 )
 from tests.shard_service.shard_process import ShardProcess, aio_channel
 
@@ -88,12 +89,12 @@ async def test_backpressure_is_retryable_and_changes_nothing(tiny_shard: ShardCl
         limit_order(USER, "k-2", price_ticks=PRICE, quantity_lots=1),
     )
     assert one.accepted and two.accepted
-    before = await shard.actor(USER)
+    before = unpositioned(await shard.actor(USER))
     (third,) = await shard.run(limit_order(USER, "k-3", price_ticks=PRICE, quantity_lots=1))
     assert not third.accepted
     assert third.reject_reason == shard_pb2.SHARD_REJECT_REASON_BACKPRESSURE
     assert third.retryable
-    assert await shard.actor(USER) == before
+    assert unpositioned(await shard.actor(USER)) == before
     assert (await shard.status()).counters["refused_backpressure"] == 1
 
     # Once the matcher answers one saga, the retry (same client order id) gets through.
