@@ -1,18 +1,17 @@
 """What a user reads of their account: orders, balances, positions.
 
-A resident user is read from the shard (`GetActor`, answered at a durable
-position); a user who is not resident is flat (no open order, saga or
-reservation), so their balances and positions are what PostgreSQL holds from
-the last flush, and a finished order is read from the persister's order rows.
-The shard is asked first: a user leaves memory only after the flush is
-written, so "not resident" implies the stored state is current.
+A resident user's balances and positions are read from the shard (`GetActor`,
+answered at a durable position); a user who is not resident is flat (no open
+order, saga or reservation), so theirs are what PostgreSQL holds from the last
+flush. The shard is asked first: a user leaves memory only after the flush is
+written, so "not resident" implies the stored state is current. Orders, any of
+them, are read from PostgreSQL as of the shard's position (`order`).
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from gateway.errors import GatewayError
+from gateway.history import stored_order_view
 from gateway.hydrate_ahead import HydrateAhead
 from gateway.persister_client import PersisterClient
 from gateway.routing import ShardRouter
@@ -20,19 +19,6 @@ from protos.oms.v1 import gateway_pb2, persister_pb2, shard_pb2
 from services.markets.catalog import Market
 
 G = gateway_pb2
-WRITE_BEHIND_WAIT_S = 2.0
-WRITE_BEHIND_POLL_S = 0.02
-
-
-def _issued(order_id: str, user_id: int, user_seq: int) -> bool:
-    """Whether `order_id` is one the shard already issued to this user."""
-    parts = order_id.split(":")
-    return (
-        len(parts) == 3
-        and parts[1] == str(user_id)
-        and parts[2].isdigit()
-        and 0 < int(parts[2]) <= user_seq
-    )
 
 
 def order_not_found(detail: str) -> GatewayError:
@@ -69,43 +55,39 @@ class AccountQueries:
         return stored.state
 
     async def order(self, request: gateway_pb2.GetOrderRequest) -> gateway_pb2.OrderView:
+        """Any order the user ever placed, from PostgreSQL as of the shard's position at
+        this call: the persister answers once everything the shard had applied is
+        written, so an order whose row is still in the write-behind is found, with the
+        status it has now. With PostgreSQL out of reach, an open order still comes from
+        the shard's index."""
         user_id = request.user_id
         view = await self._actor(user_id)
-        for open_order in view.open_orders:
-            if (request.order_id and open_order.order_id == request.order_id) or (
-                request.client_order_id and open_order.client_order_id == request.client_order_id
-            ):
-                return open_view(open_order)
-        order_id = request.order_id
-        if not order_id:
-            recent = (
-                view.state.recent if view.resident else (await self._stored_state(user_id)).recent
-            )
-            order_id = next(
-                (r.order_id for r in recent if r.client_order_id == request.client_order_id), ""
-            )
-            if not order_id:
-                raise order_not_found(f"no order with client_order_id {request.client_order_id!r}")
-        stored = await self.persister.stored_order(order_id, user_id)
-        if stored is None and view.resident and _issued(order_id, user_id, view.state.user_seq):
-            stored = await self._row_on_its_way(order_id, user_id)
-        if stored is None or stored.user_id != user_id:
-            raise order_not_found(f"no order {order_id!r} for user {user_id}")
-        return stored_view(stored)
-
-    async def _row_on_its_way(
-        self, order_id: str, user_id: int
-    ) -> persister_pb2.StoredOrder | None:
-        """The shard issued this id and no longer holds the order: its row is in the
-        persister's write-behind (about 10 ms, longer under load). Wait for it, bounded."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + WRITE_BEHIND_WAIT_S
-        while loop.time() < deadline:
-            await asyncio.sleep(WRITE_BEHIND_POLL_S)
-            stored = await self.persister.stored_order(order_id, user_id)
-            if stored is not None:
-                return stored
-        return None
+        query = persister_pb2.StoredOrderQuery(
+            order_id=request.order_id,
+            client_order_id="" if request.order_id else request.client_order_id,
+            user_id=user_id,
+            as_of_position=view.as_of_position,
+        )
+        try:
+            stored = await self.persister.stored_order(query)
+        except GatewayError as error:
+            if error.reason != G.GATEWAY_ERROR_REASON_UNAVAILABLE:
+                raise
+            for open_order in view.open_orders:
+                if (request.order_id and open_order.order_id == request.order_id) or (
+                    request.client_order_id
+                    and open_order.client_order_id == request.client_order_id
+                ):
+                    return open_view(open_order)
+            raise
+        if (
+            stored is None
+            or stored.user_id != user_id
+            or (request.client_order_id and stored.client_order_id != request.client_order_id)
+        ):
+            which = request.order_id or f"with client_order_id {request.client_order_id!r}"
+            raise order_not_found(f"no order {which} for user {user_id}")
+        return stored_order_view(stored)
 
     async def open_orders(
         self, request: gateway_pb2.GetOpenOrdersRequest
@@ -162,19 +144,6 @@ def open_view(order: shard_pb2.OpenOrderView) -> gateway_pb2.OrderView:
         filled_lots=order.filled_lots,
         remaining_lots=order.remaining_lots,
         status=order.status,
-    )
-
-
-def stored_view(order: persister_pb2.StoredOrder) -> gateway_pb2.OrderView:
-    return gateway_pb2.OrderView(
-        order_id=order.order_id,
-        client_order_id=order.client_order_id,
-        symbol=order.symbol,
-        side=order.side,
-        order_type=order.order_type,
-        price_ticks=order.price_ticks,
-        quantity_lots=order.quantity_lots,
-        filled_lots=order.filled_lots,
-        remaining_lots=order.remaining_lots,
-        status=order.status,
+        time_in_force=order.time_in_force,
+        quote_amount=order.quote_amount,
     )

@@ -15,7 +15,7 @@ the admin API with the admin key.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -139,6 +139,76 @@ class OmsClient(_SignedClient):
             ORDER_SERVICE + "GetOrder", request, gateway_pb2.OrderView
         )
         return view
+
+    async def list_orders(
+        self,
+        *,
+        symbol: str = "",
+        statuses: Sequence[int] = (),
+        from_ms: int = 0,
+        to_ms: int = 0,
+        limit: int = 0,
+        cursor: str = "",
+    ) -> gateway_pb2.OrderHistory:
+        """One page of the user's orders, oldest first (`next_cursor` "" on the last)."""
+        request = gateway_pb2.ListOrdersRequest(
+            user_id=self.user_id,
+            symbol=symbol,
+            statuses=statuses,  # type: ignore[arg-type]
+            from_ms=from_ms,
+            to_ms=to_ms,
+            limit=limit,
+            cursor=cursor,
+        )
+        page: gateway_pb2.OrderHistory = await self._signed.unary(
+            ORDER_SERVICE + "ListOrders", request, gateway_pb2.OrderHistory
+        )
+        return page
+
+    async def order_history(self, **filters: Any) -> list[gateway_pb2.OrderView]:
+        """Every page of `list_orders` with these filters."""
+        orders: list[gateway_pb2.OrderView] = []
+        cursor = ""
+        while True:
+            page = await self.list_orders(cursor=cursor, **filters)
+            orders.extend(page.orders)
+            if not page.next_cursor:
+                return orders
+            cursor = page.next_cursor
+
+    async def list_fills(
+        self,
+        *,
+        symbol: str = "",
+        from_ms: int = 0,
+        to_ms: int = 0,
+        limit: int = 0,
+        cursor: str = "",
+    ) -> gateway_pb2.FillHistory:
+        """One page of the user's fills, oldest first (`next_cursor` "" on the last)."""
+        request = gateway_pb2.ListFillsRequest(
+            user_id=self.user_id,
+            symbol=symbol,
+            from_ms=from_ms,
+            to_ms=to_ms,
+            limit=limit,
+            cursor=cursor,
+        )
+        page: gateway_pb2.FillHistory = await self._signed.unary(
+            ORDER_SERVICE + "ListFills", request, gateway_pb2.FillHistory
+        )
+        return page
+
+    async def fill_history(self, **filters: Any) -> list[gateway_pb2.FillView]:
+        """Every page of `list_fills` with these filters."""
+        fills: list[gateway_pb2.FillView] = []
+        cursor = ""
+        while True:
+            page = await self.list_fills(cursor=cursor, **filters)
+            fills.extend(page.fills)
+            if not page.next_cursor:
+                return fills
+            cursor = page.next_cursor
 
     async def open_orders(self, symbol: str = "") -> list[gateway_pb2.OrderView]:
         request = gateway_pb2.GetOpenOrdersRequest(user_id=self.user_id, symbol=symbol)

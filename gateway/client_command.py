@@ -1,4 +1,4 @@
-"""`oms client place|cancel|orders|balances|positions`: the public API from a terminal.
+"""`oms client place|cancel|orders|order|history|fills|balances|positions`: the public API.
 
 The key signs every call: `--api-key/--api-secret/--user-id` or OMS_API_KEY,
 OMS_API_SECRET, OMS_USER_ID; the gateway is `--gateway` or OMS_GATEWAY_ADDRESS.
@@ -24,6 +24,11 @@ from services.settings import SettingsError, load_settings
 
 SIDES = {"buy": common_pb2.SIDE_BUY, "sell": common_pb2.SIDE_SELL}
 ORDER_TYPES = {"limit": common_pb2.ORDER_TYPE_LIMIT, "market": common_pb2.ORDER_TYPE_MARKET}
+STATUSES = {
+    _status.removeprefix("ORDER_STATUS_").lower(): _number
+    for _status, _number in common_pb2.OrderStatus.items()
+    if _number
+}
 TIME_IN_FORCE = {
     "gtc": common_pb2.TIME_IN_FORCE_GTC,
     "ioc": common_pb2.TIME_IN_FORCE_IOC,
@@ -73,8 +78,38 @@ def register(subparsers: Any) -> None:
     orders.add_argument("--symbol", default="")
     orders.set_defaults(handler=run_orders)
 
+    order = actions.add_parser("order", help="one order, open or finished")
+    which = order.add_mutually_exclusive_group(required=True)
+    which.add_argument("--order-id", default="", dest="order_id")
+    which.add_argument("--client-order-id", default="", dest="client_order_id")
+    order.set_defaults(handler=run_order)
+
+    history = actions.add_parser("history", help="order history, oldest first, one page")
+    _history_arguments(history)
+    history.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        choices=sorted(STATUSES),
+        dest="statuses",
+        help="repeatable; default: every status",
+    )
+    history.set_defaults(handler=run_history)
+
+    fills = actions.add_parser("fills", help="fill history, oldest first, one page")
+    _history_arguments(fills)
+    fills.set_defaults(handler=run_fills)
+
     actions.add_parser("balances", help="list balances").set_defaults(handler=run_balances)
     actions.add_parser("positions", help="list positions").set_defaults(handler=run_positions)
+
+
+def _history_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--symbol", default="")
+    parser.add_argument("--from-ms", type=int, default=0, dest="from_ms", help="at or after")
+    parser.add_argument("--to-ms", type=int, default=0, dest="to_ms", help="before")
+    parser.add_argument("--limit", type=int, default=0, help="1..1000 (default 100)")
+    parser.add_argument("--cursor", default="", help="the next_cursor a previous page printed")
 
 
 def _client(arguments: argparse.Namespace) -> OmsClient:
@@ -192,40 +227,135 @@ def run_cancel(arguments: argparse.Namespace) -> int:
     return _run(arguments, action)
 
 
+ORDER_HEADER = (
+    "order",
+    "client id",
+    "symbol",
+    "side",
+    "type",
+    "price",
+    "qty",
+    "filled",
+    "left",
+    "status",
+)
+# Orders read from PostgreSQL (one order, the history) also say when they were accepted.
+TIMED_ORDER_HEADER = (*ORDER_HEADER, "accepted ms", "updated ms")
+
+
+def _timed_order_row(order: gateway_pb2.OrderView) -> tuple[object, ...]:
+    return (*_order_row(order), order.accepted_at_ms or "-", order.updated_at_ms or "-")
+
+
+def _order_row(order: gateway_pb2.OrderView) -> tuple[object, ...]:
+    return (
+        order.order_id,
+        order.client_order_id,
+        order.symbol,
+        _name(common_pb2.Side, order.side, "SIDE_"),
+        _name(common_pb2.OrderType, order.order_type, "ORDER_TYPE_"),
+        order.price_ticks,
+        order.quantity_lots,
+        order.filled_lots,
+        order.remaining_lots,
+        _name(common_pb2.OrderStatus, order.status, "ORDER_STATUS_"),
+    )
+
+
 def run_orders(arguments: argparse.Namespace) -> int:
     async def action(client: OmsClient) -> int:
         orders = await client.open_orders(arguments.symbol)
         if not orders:
             print("no open orders")
             return 0
-        rows = [
-            (
-                order.order_id,
-                order.client_order_id,
-                order.symbol,
-                _name(common_pb2.Side, order.side, "SIDE_"),
-                _name(common_pb2.OrderType, order.order_type, "ORDER_TYPE_"),
-                order.price_ticks,
-                order.quantity_lots,
-                order.filled_lots,
-                order.remaining_lots,
-                _name(common_pb2.OrderStatus, order.status, "ORDER_STATUS_"),
-            )
-            for order in orders
-        ]
-        header = (
-            "order",
-            "client id",
-            "symbol",
-            "side",
-            "type",
-            "price",
-            "qty",
-            "filled",
-            "left",
-            "status",
+        print(format_table(ORDER_HEADER, [_order_row(order) for order in orders]))
+        return 0
+
+    return _run(arguments, action)
+
+
+def run_order(arguments: argparse.Namespace) -> int:
+    async def action(client: OmsClient) -> int:
+        order = await client.get_order(
+            order_id=arguments.order_id, client_order_id=arguments.client_order_id
         )
-        print(format_table(header, rows))
+        print(format_table(TIMED_ORDER_HEADER, [_timed_order_row(order)]))
+        return 0
+
+    return _run(arguments, action)
+
+
+def _print_next(cursor: str) -> None:
+    if cursor:
+        print(f"more: --cursor {cursor}")
+
+
+def run_history(arguments: argparse.Namespace) -> int:
+    async def action(client: OmsClient) -> int:
+        page = await client.list_orders(
+            symbol=arguments.symbol,
+            statuses=[STATUSES[name] for name in arguments.statuses],
+            from_ms=arguments.from_ms,
+            to_ms=arguments.to_ms,
+            limit=arguments.limit,
+            cursor=arguments.cursor,
+        )
+        if not page.orders:
+            print("no orders")
+        else:
+            rows = [_timed_order_row(order) for order in page.orders]
+            print(format_table(TIMED_ORDER_HEADER, rows))
+        _print_next(page.next_cursor)
+        return 0
+
+    return _run(arguments, action)
+
+
+def run_fills(arguments: argparse.Namespace) -> int:
+    async def action(client: OmsClient) -> int:
+        page = await client.list_fills(
+            symbol=arguments.symbol,
+            from_ms=arguments.from_ms,
+            to_ms=arguments.to_ms,
+            limit=arguments.limit,
+            cursor=arguments.cursor,
+        )
+        if not page.fills:
+            print("no fills")
+        else:
+            rows = [
+                (
+                    fill.time_ms,
+                    fill.order_id,
+                    fill.client_order_id,
+                    fill.trade_id,
+                    fill.symbol,
+                    _name(common_pb2.Side, fill.side, "SIDE_"),
+                    fill.price_ticks,
+                    fill.quantity_lots,
+                    f"{fill.base_amount} {fill.base_asset}",
+                    f"{fill.quote_amount} {fill.quote_asset}",
+                    f"{fill.fee} {fill.quote_asset}",
+                    "maker" if fill.maker else "taker",
+                )
+                for fill in page.fills
+            ]
+            header = (
+                "time ms",
+                "order",
+                "client id",
+                "trade",
+                "symbol",
+                "side",
+                "price",
+                "qty",
+                "base",
+                "quote",
+                "fee",
+                "role",
+            )
+            print(format_table(header, rows))
+        _print_next(page.next_cursor)
         return 0
 
     return _run(arguments, action)

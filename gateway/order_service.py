@@ -17,6 +17,7 @@ import structlog
 from gateway.account_queries import AccountQueries
 from gateway.acks import cancel_ack, cancel_command, order_ack, place_command
 from gateway.authentication import caller
+from gateway.history import HistoryQueries
 from gateway.order_updates import OrderUpdateFanout
 from gateway.routing import ShardRouter
 from gateway.statistics import GatewayCounters
@@ -38,6 +39,7 @@ class OrderService:
         validator: RequestValidator,
         router: ShardRouter,
         queries: AccountQueries,
+        history: HistoryQueries,
         order_updates: OrderUpdateFanout,
         counters: GatewayCounters,
         trade_in_flight: int,
@@ -46,6 +48,7 @@ class OrderService:
         self.validator = validator
         self.router = router
         self.queries = queries
+        self.history = history
         self.order_updates = order_updates
         self.counters = counters
         self.trade_in_flight = trade_in_flight
@@ -122,6 +125,16 @@ class OrderService:
     ) -> gateway_pb2.Positions:
         return await self.queries.positions(request)
 
+    async def list_orders(
+        self, request: gateway_pb2.ListOrdersRequest, context: Context
+    ) -> gateway_pb2.OrderHistory:
+        return await self.history.orders(request)
+
+    async def list_fills(
+        self, request: gateway_pb2.ListFillsRequest, context: Context
+    ) -> gateway_pb2.FillHistory:
+        return await self.history.fills(request)
+
     async def stream_order_updates(
         self, request: gateway_pb2.StreamOrderUpdatesRequest, context: Context
     ) -> AsyncIterator[shard_pb2.OrderUpdate]:
@@ -163,6 +176,8 @@ class OrderService:
             "GetOpenOrders": call(self.get_open_orders, g.GetOpenOrdersRequest, g.OpenOrders),
             "GetBalances": call(self.get_balances, g.GetBalancesRequest, g.Balances),
             "GetPositions": call(self.get_positions, g.GetPositionsRequest, g.Positions),
+            "ListOrders": call(self.list_orders, g.ListOrdersRequest, g.OrderHistory),
+            "ListFills": call(self.list_fills, g.ListFillsRequest, g.FillHistory),
             "StreamOrderUpdates": grpc.unary_stream_rpc_method_handler(
                 self.stream_order_updates,
                 request_deserializer=g.StreamOrderUpdatesRequest.FromString,

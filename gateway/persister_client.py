@@ -68,17 +68,35 @@ class PersisterClient:
                 return persister_pb2.StoredUser(known=False)
             raise self._unavailable("GetStoredUser", error) from error
 
-    async def stored_order(self, order_id: str, user_id: int) -> persister_pb2.StoredOrder | None:
+    async def stored_order(
+        self, query: persister_pb2.StoredOrderQuery
+    ) -> persister_pb2.StoredOrder | None:
+        """The order by id or client order id, as of `query.as_of_position`; None if unknown."""
         try:
             order: persister_pb2.StoredOrder = await self._stub.GetStoredOrder(
-                persister_pb2.StoredOrderQuery(order_id=order_id, user_id=user_id),
-                timeout=self.timeout_s,
+                query, timeout=self.timeout_s
             )
             return order
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 return None
-            raise self._unavailable("GetStoredOrder", error) from error
+            raise self._refused("GetStoredOrder", error) from error
+
+    async def order_page(self, query: persister_pb2.OrderPageQuery) -> persister_pb2.OrderPage:
+        try:
+            page: persister_pb2.OrderPage = await self._stub.ListOrders(
+                query, timeout=self.timeout_s
+            )
+            return page
+        except grpc.aio.AioRpcError as error:
+            raise self._refused("ListOrders", error) from error
+
+    async def fill_page(self, query: persister_pb2.FillPageQuery) -> persister_pb2.FillPage:
+        try:
+            page: persister_pb2.FillPage = await self._stub.ListFills(query, timeout=self.timeout_s)
+            return page
+        except grpc.aio.AioRpcError as error:
+            raise self._refused("ListFills", error) from error
 
     async def prefetch(self, user_ids: Sequence[int]) -> None:
         try:
@@ -87,6 +105,14 @@ class PersisterClient:
             )
         except grpc.aio.AioRpcError as error:
             raise self._unavailable("Prefetch", error) from error
+
+    def _refused(self, call: str, error: grpc.aio.AioRpcError) -> GatewayError:
+        """A read the persister refused: a field the gateway let through, or unavailable."""
+        if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            return GatewayError(
+                gateway_pb2.GATEWAY_ERROR_REASON_INVALID_FIELD, error.details() or ""
+            )
+        return self._unavailable(call, error)
 
     def _unavailable(self, call: str, error: grpc.aio.AioRpcError) -> GatewayError:
         return unavailable(f"persister {call}: {error.code().name} {error.details() or ''}".strip())

@@ -20,7 +20,7 @@ from gateway.errors import GatewayError, timed_out, unavailable
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import shard_pb2, shard_pb2_grpc
 from services.clients.channels import mesh_channel
-from services.clients.shard_link import ShardLink, ShardUnavailableError
+from services.clients.shard_link import LinkState, ShardLink, ShardUnavailableError
 
 MAX_REROUTES = 3
 
@@ -48,22 +48,32 @@ class ShardEndpoint:
             ) from error
 
     async def actor(self, user_id: int) -> shard_pb2.ActorView:
+        self._refuse_if_away("GetActor")
         try:
+            # Waits for the query channel to connect (it may still be backing off from a
+            # try made before the shard was up), within the deadline; a shard the link
+            # knows to be away was refused above.
             view: shard_pb2.ActorView = await self.stub.GetActor(
-                shard_pb2.ActorQuery(user_id=user_id), timeout=self.timeout_s
+                shard_pb2.ActorQuery(user_id=user_id), timeout=self.timeout_s, wait_for_ready=True
             )
             return view
         except grpc.aio.AioRpcError as error:
             raise self._query_failed("GetActor", error) from error
 
     async def applied_position(self) -> int:
+        self._refuse_if_away("GetStatus")
         try:
             status = await self.stub.GetStatus(
-                shard_pb2.ShardStatusRequest(), timeout=self.timeout_s
+                shard_pb2.ShardStatusRequest(), timeout=self.timeout_s, wait_for_ready=True
             )
         except grpc.aio.AioRpcError as error:
             raise self._query_failed("GetStatus", error) from error
         return int(status.applied_position)
+
+    def _refuse_if_away(self, call: str) -> None:
+        if self.link.state is LinkState.AWAY:
+            self.counters.add("shard_unavailable")
+            raise unavailable(f"shard {self.address} {call}: the shard is unavailable")
 
     async def close(self) -> None:
         await self.link.close()

@@ -10,6 +10,7 @@ from gateway.admin_service import SERVICE_NAME as ADMIN_SERVICE
 from gateway.admin_service import AdminService
 from gateway.authentication import Authenticator
 from gateway.credentials import CredentialDirectory, KeyHolder
+from gateway.history import HistoryQueries
 from gateway.hydrate_ahead import HydrateAhead
 from gateway.interceptor import GatewayInterceptor
 from gateway.matcher_control import MatcherControl
@@ -75,6 +76,7 @@ class Gateway:
             queries=AccountQueries(
                 self.router, self.persister, self.hydrate_ahead, catalog.by_symbol()
             ),
+            history=HistoryQueries(self.router, self.persister, validator, catalog.by_symbol()),
             order_updates=self.order_updates,
             counters=counters,
             trade_in_flight=settings.trade_in_flight,

@@ -11,17 +11,22 @@ so users go cold within a test. What it proves:
   The shard never evicts a user with a live order (tests/shard/test_eviction.py,
   `test_user_never_leaves_while_an_order_rests`), so on a healthy mesh such an event
   only comes from drift; it is made here the way tests/reconciler makes drift: an order
-  in the shard's id format placed on the matcher directly, as if the shard had sent it.
+  in the shard's id format placed on the matcher directly, as if the shard had sent it;
+- a user who is not resident, evicted or never back since a shard restart, still finds
+  every order by client order id and by order id, and histories that match the balances.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
+import grpc
 import pytest
 
-from gateway.client import AdminClient
+from gateway.client import AdminClient, GatewayCallError
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
+from tests.e2e.account_audit import audit_account
 from tests.e2e.invariants import check_full_mesh
 from tests.full_mesh import FullMesh, running_mesh
 from tests.gateway.accounts import BTC, Account, eventually, open_account
@@ -193,3 +198,84 @@ async def test_a_fill_for_an_evicted_user_is_parked_hydrated_and_settled(
 async def _balances(account: Account, address: str) -> dict[str, tuple[int, int]]:
     async with account.client(address) as client:
         return {a: (b.total, b.reserved) for a, b in (await client.balances()).items()}
+
+
+async def test_orders_and_histories_of_a_user_not_resident_evicted_and_after_a_restart(
+    new_mesh: Callable[..., Awaitable[FullMesh]],
+) -> None:
+    mesh = await new_mesh(shard_environment=COLD_SHARD)
+    address = mesh.gateway.address
+    async with mesh.admin() as admin:
+        buyer = await open_account(admin, {"USDT": 10_000_000_000})
+        seller = await open_account(admin, {"BTC": 1_000_000})
+    async with buyer.client(address) as buying, seller.client(address) as selling:
+        requests = [
+            buying.place_request(f"h-{n}", BTC, S.SIDE_BUY, price_ticks=PRICE, quantity_lots=1)
+            for n in range(3)
+        ]
+        for request in requests:
+            assert (await buying.place_order(request)).accepted
+        ask = await selling.place("h-ask", BTC, S.SIDE_SELL, price_ticks=PRICE, quantity_lots=2)
+        assert ask.accepted
+        # Two bids fill; the third rests until cancelled.
+        await eventually(buying.open_orders, lambda orders: len(orders) == 1, timeout_s=15)
+        (resting,) = await buying.open_orders()
+        assert (await buying.cancel(order_id=resting.order_id)).accepted
+        await eventually(buying.open_orders, lambda orders: not orders, timeout_s=15)
+
+    async with aio_channel(mesh.shard.address) as channel:
+        shard = ShardClient(channel)
+        for account in (buyer, seller):
+            await wait_resident(shard, account.user_id, False)
+    before = await _lookups(buyer, address, requests)
+    assert before is not None
+
+    # A restart: the shard's resident set comes back from its snapshot and log, and
+    # these users are not in it; the gateway reads them from PostgreSQL all the same.
+    mesh.shard.kill()
+    await asyncio.to_thread(mesh.shard.start_serving)
+    async with aio_channel(mesh.shard.address) as channel:
+        shard = ShardClient(channel)
+        await wait_resident(shard, buyer.user_id, False)
+    after = await eventually(
+        lambda: _lookups(buyer, address, requests, retry=True),
+        lambda found: found is not None,
+        timeout_s=30,
+    )
+    assert after == before
+    async with seller.client(address) as selling:
+        await audit_account(selling, {"BTC": 1_000_000})
+    await check_full_mesh(mesh, [ask.order_id, *[order.order_id for order in before[0]]])
+
+
+async def _lookups(
+    account: Account,
+    address: str,
+    requests: list[gateway_pb2.PlaceOrderRequest],
+    *,
+    retry: bool = False,
+) -> tuple[list[gateway_pb2.OrderView], list[gateway_pb2.FillView]] | None:
+    """Each order by client id and by order id, then the audited histories."""
+    async with account.client(address) as client:
+        try:
+            found = []
+            for request in requests:
+                by_client_id = await client.get_order(client_order_id=request.client_order_id)
+                assert await client.get_order(order_id=by_client_id.order_id) == by_client_id
+                found.append(by_client_id)
+            statuses = sorted(order.status for order in found)
+            assert statuses == [
+                S.ORDER_STATUS_FILLED,
+                S.ORDER_STATUS_FILLED,
+                S.ORDER_STATUS_CANCELLED,
+            ]
+            story = await audit_account(client, {"USDT": 10_000_000_000}, page_size=1)
+        except GatewayCallError as error:
+            if retry and error.code in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            ):
+                return None
+            raise
+    assert story.orders == found
+    return found, story.fills
