@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from protos.oms.v1 import shard_pb2
-from services.clients.shard_link import ShardLink
+from services.clients.shard_link import ShardLink, ShardUnavailableError
 
 
 class ShardAnswers:
@@ -22,7 +22,14 @@ class ShardAnswers:
         self.renewals = 0
 
     async def send(self, commands: Sequence[shard_pb2.ShardCommand]) -> None:
-        await self._link.send(commands)
+        link = self._link
+        try:
+            await link.send(commands)
+        except ShardUnavailableError:
+            if link is self._link:
+                raise
+            # Renewed while this send waited for room: the answers go on the new link.
+            await self._link.send(commands)
 
     async def renew(self) -> None:
         previous = self._link

@@ -191,6 +191,8 @@ class ShardLink:
             while len(self._pending) >= self.max_queued:
                 self._room.clear()
                 await self._room.wait()
+                if self._closed:
+                    raise ShardUnavailableError(f"link to shard {self.address} closed")
             self._append(command, None)
 
     async def wait_ready(self, timeout_s: float) -> None:
@@ -225,6 +227,7 @@ class ShardLink:
 
     async def close(self) -> None:
         self._closed = True
+        self._room.set()  # a `send` waiting for room learns of the close
         for task in (self._expiry_task, self._task):
             if task is not None:
                 task.cancel()

@@ -8,7 +8,7 @@ import pytest
 
 from services.command_line import main
 from tests.full_mesh import FullMesh
-from tests.gateway.accounts import Account, open_account
+from tests.gateway.accounts import Account, eventually, open_account
 
 
 def new_account(mesh: FullMesh, deposits: dict[str, int]) -> Account:
@@ -78,3 +78,55 @@ def test_missing_credentials_are_a_usage_error(
         monkeypatch.delenv(name, raising=False)
     code, _, err = oms_client(capsys, "balances")
     assert code == 2 and "OMS_API_KEY" in err
+
+
+def test_one_order_and_the_histories_from_the_command_line(
+    shared_mesh: FullMesh, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two accounts trade ETH-USDT (no other test here does), one lot pair at a time.
+    buyer = new_account(shared_mesh, {"USDT": 10_000_000_000})
+    seller = new_account(shared_mesh, {"ETH": 10_000_000})
+    monkeypatch.setenv("OMS_GATEWAY_ADDRESS", shared_mesh.gateway.address)
+
+    def as_user(account: Account) -> None:
+        monkeypatch.setenv("OMS_USER_ID", str(account.user_id))
+        monkeypatch.setenv("OMS_API_KEY", account.api_key)
+        monkeypatch.setenv("OMS_API_SECRET", account.api_secret)
+
+    as_user(seller)
+    code, _, _ = oms_client(
+        capsys, "place", "ETH-USDT", "sell", "3", "--price", "360000", "--client-order-id", "s-1"
+    )
+    assert code == 0
+    as_user(buyer)
+    for n in (1, 2):
+        code, _, _ = oms_client(
+            capsys, "place", "ETH-USDT", "buy", "3", "--price", "340000" if n == 2 else "360000",
+            "--client-order-id", f"b-{n}",
+        )  # fmt: skip
+        assert code == 0
+    code, out, _ = oms_client(capsys, "order", "--client-order-id", "b-1")
+    assert code == 0
+    header, row = out.strip().splitlines()
+    assert header.split()[-4:] == ["accepted", "ms", "updated", "ms"]
+    assert row.split()[:2] == [f"s1:{buyer.user_id}:1", "b-1"]
+
+    code, out, _ = oms_client(capsys, "history", "--limit", "1")
+    lines = out.strip().splitlines()
+    assert code == 0 and lines[1].split()[1] == "b-1" and lines[-1].startswith("more: --cursor ")
+    cursor = lines[-1].split()[-1]
+    code, out, _ = oms_client(capsys, "history", "--limit", "1", "--cursor", cursor)
+    lines = out.strip().splitlines()
+    assert code == 0 and lines[1].split()[1] == "b-2" and not lines[-1].startswith("more")
+
+    async def filled() -> None:
+        async with buyer.client(shared_mesh.gateway.address) as client:
+            await eventually(client.fill_history, lambda fills: len(fills) == 1)
+
+    asyncio.run(filled())
+    code, out, _ = oms_client(capsys, "fills")
+    header, row = out.strip().splitlines()
+    assert code == 0 and header.split()[:2] == ["time", "ms"]
+    assert "30000 ETH" in row and "b-1" in row and "taker" in row
+    code, _, err = oms_client(capsys, "order", "--order-id", "s1:999999:1")
+    assert code == 1 and err.startswith("refused: ORDER_NOT_FOUND")
