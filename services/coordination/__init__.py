@@ -1,0 +1,1 @@
+"""Coordination through etcd: the adapter (`etcd_session`) and what the mesh builds on it."""

@@ -1,0 +1,270 @@
+"""The one module that speaks etcd (through aetcd): keys, fenced transactions, leases, watches.
+
+Everything else in the mesh uses `EtcdSession` and sees only our own errors
+(`services.coordination.errors`): `CoordinationUnavailable` when etcd cannot
+answer (retry), `RevisionCompacted` when a watch asks for history etcd no longer
+keeps (read the current state instead). A transaction whose compare fails is not
+an error: it returns False, and the caller says what that means (`LogFencedError`
+for an append whose leader key changed).
+
+Several endpoints (a cluster) share one gRPC channel: the target lists them all
+(`ipv4:a:p,b:q`) and gRPC's `round_robin` policy moves on from a member that is
+down, so a member's loss is invisible to callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+
+import aetcd
+import aetcd.exceptions
+import grpc
+from aetcd import rpc
+
+from services.coordination.errors import CoordinationUnavailable, RevisionCompacted
+
+DEFAULT_TIMEOUT_S = 5.0
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+_CHANNEL_OPTIONS = {
+    "grpc.lb_policy_name": "round_robin",
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.max_receive_message_length": MAX_MESSAGE_BYTES,
+    "grpc.max_send_message_length": MAX_MESSAGE_BYTES,
+    "grpc.use_local_subchannel_pool": 1,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One key as etcd holds it."""
+
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    kind: str  # "put" or "delete"
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """A transaction's compare: `key` exists and was created at `create_revision`
+    (the leader key of one term), or with `create_revision` 0: `key` is absent."""
+
+    key: bytes
+    create_revision: int
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The end of the key range holding every key that starts with `prefix`."""
+    return aetcd.utils.prefix_range_end(prefix)  # type: ignore[no-any-return]
+
+
+def _target(endpoints: Sequence[str]) -> tuple[str, int]:
+    """aetcd formats its target as f"{host}:{port}": a host of "ipv4:a:p,b:q,c" and the
+    last endpoint's port make the multi-address target gRPC balances over."""
+    if not endpoints:
+        raise ValueError("no etcd endpoint")
+    *others, last = endpoints
+    host, _, port = last.rpartition(":")
+    if len(endpoints) == 1:
+        return host, int(port)
+    return "ipv4:" + ",".join([*others, host]), int(port)
+
+
+def _entry(kv: rpc.KeyValue) -> Entry:
+    return Entry(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.lease)
+
+
+def _unavailable(error: BaseException) -> CoordinationUnavailable:
+    return CoordinationUnavailable(f"etcd: {type(error).__name__}: {error}")
+
+
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except aetcd.exceptions.RevisionCompactedError as error:
+        raise RevisionCompacted(error.compacted_revision) from error
+    except (aetcd.exceptions.ClientError, grpc.aio.AioRpcError, OSError) as error:
+        raise _unavailable(error) from error
+
+
+class EtcdSession:
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        host, port = _target(endpoints)
+        self.endpoints = tuple(endpoints)
+        self.timeout_s = timeout_s
+        self._client = aetcd.Client(
+            host=host, port=port, timeout=timeout_s, options=dict(_CHANNEL_OPTIONS)
+        )
+        self.revision = 0  # the newest store revision any answer carried
+
+    async def __aenter__(self) -> EtcdSession:
+        with _translated():
+            await self._client.connect()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._client.close()
+
+    @property
+    def _kv(self) -> rpc.KVStub:
+        return self._client.kvstub
+
+    async def _ready(self) -> None:
+        with _translated():
+            await self._client.connect()
+
+    def _seen(self, header: rpc.ResponseHeader) -> None:
+        self.revision = max(self.revision, header.revision)
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def get(self, key: bytes) -> Entry | None:
+        entries = await self.range(key)
+        return entries[0] if entries else None
+
+    async def range(
+        self,
+        start: bytes,
+        end: bytes = b"",
+        *,
+        limit: int = 0,
+        descending: bool = False,
+        keys_only: bool = False,
+    ) -> list[Entry]:
+        """Keys in [start, end) in key order (`end` empty: `start` alone)."""
+        await self._ready()
+        request = rpc.RangeRequest(key=start, range_end=end, limit=limit, keys_only=keys_only)
+        if descending:
+            request.sort_order = rpc.RangeRequest.DESCEND
+            request.sort_target = rpc.RangeRequest.KEY
+        with _translated():
+            response = await self._kv.Range(request, timeout=self.timeout_s)
+        self._seen(response.header)
+        return [_entry(kv) for kv in response.kvs]
+
+    # --- writes ----------------------------------------------------------------------------
+
+    async def transaction(
+        self,
+        guards: Sequence[Guard],
+        *,
+        puts: Sequence[tuple[bytes, bytes]] = (),
+        deletes: Sequence[tuple[bytes, bytes]] = (),
+        lease: int = 0,
+    ) -> bool:
+        """Put and delete (ranges [start, end)) only if every guard holds; whether they did."""
+        await self._ready()
+        compares = []
+        for guard in guards:
+            compare = rpc.Compare(
+                key=guard.key,
+                result=rpc.Compare.EQUAL,
+                target=rpc.Compare.CREATE,
+                create_revision=guard.create_revision,
+            )
+            compares.append(compare)
+        operations = [
+            rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
+            for key, value in puts
+        ]
+        operations += [
+            rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=start, range_end=end))
+            for start, end in deletes
+        ]
+        request = rpc.TxnRequest(compare=compares, success=operations)
+        with _translated():
+            response = await self._kv.Txn(request, timeout=self.timeout_s)
+        self._seen(response.header)
+        return bool(response.succeeded)
+
+    async def create(self, key: bytes, value: bytes, *, lease: int) -> tuple[bool, Entry | None]:
+        """Put `key` if it does not exist; (created, the key as it is now)."""
+        await self._ready()
+        request = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(
+                    key=key, result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, create_revision=0
+                )
+            ],
+            success=[
+                rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease)),
+                rpc.RequestOp(request_range=rpc.RangeRequest(key=key)),
+            ],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
+        )
+        with _translated():
+            response = await self._kv.Txn(request, timeout=self.timeout_s)
+        self._seen(response.header)
+        ranges = [r.response_range for r in response.responses if r.HasField("response_range")]
+        kvs = ranges[-1].kvs if ranges else []
+        return bool(response.succeeded), (_entry(kvs[0]) if kvs else None)
+
+    async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> None:
+        await self.transaction((), puts=((key, value),), lease=lease)
+
+    async def delete(self, key: bytes) -> None:
+        await self.transaction((), deletes=((key, b""),))
+
+    async def compact(self, revision: int) -> None:
+        """Drop the history before `revision` (keys as they are now stay)."""
+        await self._ready()
+        with _translated():
+            await self._kv.Compact(rpc.CompactionRequest(revision=revision), timeout=self.timeout_s)
+
+    # --- leases ----------------------------------------------------------------------------
+
+    async def grant_lease(self, ttl_s: int) -> int:
+        with _translated():
+            lease = await self._client.lease(ttl_s)
+        return int(lease.id)
+
+    async def keep_alive(self, lease_id: int) -> int:
+        """Renew the lease; its remaining TTL in seconds (0 or less: it is gone)."""
+        with _translated():
+            reply = await self._client.refresh_lease(lease_id)
+        return int(reply.TTL) if reply is not None else 0
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        with _translated():
+            await self._client.revoke_lease(lease_id)
+
+    # --- watches ---------------------------------------------------------------------------
+
+    async def watch(
+        self, start: bytes, end: bytes, *, from_revision: int
+    ) -> AsyncIterator[WatchEvent]:
+        """Changes to keys in [start, end) from `from_revision` on, in revision order.
+
+        Raises `RevisionCompacted` when that revision's history is gone, and
+        `CoordinationUnavailable` when the watch breaks.
+        """
+        await self._ready()
+        with _translated():
+            watch = await self._client.watch(start, range_end=end, start_revision=from_revision)
+        try:
+            with _translated():
+                async for event in watch:
+                    kv = event.kv
+                    entry = Entry(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.lease)
+                    self.revision = max(self.revision, kv.mod_revision)
+                    yield WatchEvent("delete" if event.kind == "DELETE" else "put", entry)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(watch.cancel())
