@@ -93,7 +93,7 @@ class OrderUpdateFanout:
 
     async def _follow(self) -> None:
         request = shard_pb2.EgressSubscription(from_position=self._position, kinds=["order_update"])
-        call = self.shard.stub.SubscribeEgress(request)
+        call = (await self.shard.stub()).SubscribeEgress(request)
         try:
             skip = self._delivered_at_position
             async for batch in call:

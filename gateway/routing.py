@@ -21,18 +21,39 @@ from gateway.statistics import GatewayCounters
 from protos.oms.v1 import shard_pb2, shard_pb2_grpc
 from services.clients.channels import mesh_channel
 from services.clients.shard_link import LinkState, ShardLink, ShardUnavailableError
+from services.coordination.addresses import AddressSource
+from services.coordination.errors import CoordinationUnavailable
 
 MAX_REROUTES = 3
 
 
 class ShardEndpoint:
-    def __init__(self, address: str, *, timeout_s: float, counters: GatewayCounters) -> None:
-        self.address = address
+    def __init__(
+        self, address: AddressSource, *, timeout_s: float, counters: GatewayCounters
+    ) -> None:
+        self.source = address
+        self.address = address.describe()
         self.timeout_s = timeout_s
         self.counters = counters
         self.link = ShardLink(address)
-        self.channel = mesh_channel(address)
-        self.stub = shard_pb2_grpc.UserShardStub(self.channel)
+        self._channel: grpc.aio.Channel | None = None
+        self._channel_address = ""
+        self._stub: shard_pb2_grpc.UserShardStub | None = None
+
+    async def stub(self) -> shard_pb2_grpc.UserShardStub:
+        """The query stub of the shard's current address (its leader's, when replicated)."""
+        try:
+            address = await self.source.resolve()
+        except CoordinationUnavailable as error:
+            self.counters.add("shard_unavailable")
+            raise unavailable(f"shard {self.address}: {error}") from error
+        if self._stub is None or address != self._channel_address:
+            if self._channel is not None:
+                await self._channel.close()
+            self._channel = mesh_channel(address)
+            self._channel_address = self.address = address
+            self._stub = shard_pb2_grpc.UserShardStub(self._channel)
+        return self._stub
 
     async def execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
         """The command's final result; UNAVAILABLE / TIMEOUT errors say: retry, same ids."""
@@ -53,7 +74,8 @@ class ShardEndpoint:
             # Waits for the query channel to connect (it may still be backing off from a
             # try made before the shard was up), within the deadline; a shard the link
             # knows to be away was refused above.
-            view: shard_pb2.ActorView = await self.stub.GetActor(
+            stub = await self.stub()
+            view: shard_pb2.ActorView = await stub.GetActor(
                 shard_pb2.ActorQuery(user_id=user_id), timeout=self.timeout_s, wait_for_ready=True
             )
             return view
@@ -63,7 +85,8 @@ class ShardEndpoint:
     async def applied_position(self) -> int:
         self._refuse_if_away("GetStatus")
         try:
-            status = await self.stub.GetStatus(
+            stub = await self.stub()
+            status = await stub.GetStatus(
                 shard_pb2.ShardStatusRequest(), timeout=self.timeout_s, wait_for_ready=True
             )
         except grpc.aio.AioRpcError as error:
@@ -77,7 +100,9 @@ class ShardEndpoint:
 
     async def close(self) -> None:
         await self.link.close()
-        await self.channel.close()
+        if self._channel is not None:
+            await self._channel.close()
+        await self.source.close()
 
     def _query_failed(self, call: str, error: grpc.aio.AioRpcError) -> GatewayError:
         if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -23,6 +23,7 @@ from gateway.settings import GatewaySettings
 from gateway.statistics import GatewayCounters
 from gateway.validation import RequestValidator
 from services.clients.matcher_directory import MatcherDirectory
+from services.coordination.addresses import address_source
 from services.markets.catalog import load_catalog
 from services.serving.service_host import ServicePlan
 from services.settings import SettingsError
@@ -60,7 +61,12 @@ class Gateway:
             self.persister, counters, interval_s=settings.prefetch_interval_ms / 1000
         )
         shard = ShardEndpoint(
-            settings.shard_address,
+            address_source(
+                settings.shard_address,
+                kind="shard",
+                name=settings.shard_id,
+                etcd_endpoints=settings.etcd_endpoints,
+            ),
             timeout_s=settings.request_deadline_ms / 1000,
             counters=counters,
         )

@@ -12,8 +12,12 @@ from services.settings import setting
 class GatewaySettings:
     listen: str = setting(env="OMS_GATEWAY_LISTEN", default="127.0.0.1:7000")
     shard_address: str = setting(
-        env="OMS_SHARD_ADDRESS", default="127.0.0.1:7201", help="the one shard (static routing)"
+        env="OMS_SHARD_ADDRESS",
+        default="127.0.0.1:7201",
+        help="the one shard (static routing): host:port, or etcd (its leader, replicated)",
     )
+    shard_id: str = setting(env="OMS_SHARD_ID", default="s1")
+    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
     persister_address: str = setting(env="OMS_PERSISTER_ADDRESS", default="127.0.0.1:7301")
     matchers: str = setting(
         env="OMS_MATCHERS", default="", help="group=host:port,... for every matcher group"

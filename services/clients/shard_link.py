@@ -52,6 +52,8 @@ import structlog
 
 from protos.oms.v1 import shard_pb2
 from services.clients.channels import mesh_channel
+from services.coordination.addresses import AddressSource, FixedAddress
+from services.coordination.errors import CoordinationUnavailable
 
 log = structlog.get_logger(__name__)
 EXECUTE_METHOD = "/oms.v1.UserShard/Execute"
@@ -98,14 +100,18 @@ class ShardLinkStatistics:
 class ShardLink:
     def __init__(
         self,
-        address: str,
+        address: str | AddressSource,
         *,
         linger_s: float = DEFAULT_LINGER_S,
         max_queued: int = DEFAULT_MAX_QUEUED,
         stall_s: float = STALL_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
-        self.address = address
+        # A fixed address, or the shard's leader as etcd names it: resolved at every
+        # connection attempt, so a failover is followed by the next attempt.
+        self._source = FixedAddress(address) if isinstance(address, str) else address
+        self.address = self._source.describe()
+        self._channel_address = ""
         self.linger_s = linger_s
         self.max_queued = max_queued
         self.stall_s = stall_s
@@ -238,6 +244,7 @@ class ShardLink:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+        # An address source passed in belongs to the caller, who closes it.
 
     # --- the queue -----------------------------------------------------------------------
 
@@ -326,8 +333,15 @@ class ShardLink:
     async def _one_stream(self) -> str:
         """Run one stream until it ends; the reason it ended."""
         self._was_ready = False
-        if self._channel is None:
-            self._channel = mesh_channel(self.address)
+        try:
+            address = await self._source.resolve()
+        except CoordinationUnavailable as error:
+            return f"no address: {error}"
+        if self._channel is None or address != self._channel_address:
+            if self._channel is not None:
+                await self._channel.close()
+            self._channel = mesh_channel(address)
+            self._channel_address = self.address = address
         self._prefix = secrets.randbits(31) << 32
         self._ids = itertools.count(1)
         ended = asyncio.Event()

@@ -2,7 +2,7 @@
 
 etcd's Raft keeps the log: a record is durable once the transaction that puts it
 has committed on a quorum of etcd members. Keys under one state machine's prefix
-(`LogKeys`):
+(`GroupKeys`):
 
     <prefix>leader                          the leader key (its lease; value: who leads)
     <prefix>log/<first position, 20 digits> one record, or the manifest of a split one
@@ -30,12 +30,12 @@ import asyncio
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
 
 import structlog
 
 from services.coordination.errors import CoordinationUnavailable
 from services.coordination.etcd_session import Entry, EtcdSession, Guard, prefix_end
+from services.coordination.group_keys import GroupKeys
 from services.runtime.core.log_batch import LogBatch, RecordCorruptedError, decode_batch_at
 from services.runtime.errors import LogCorruptedError, LogFencedError, RuntimeStoreError
 from services.runtime.log_store import LogTail
@@ -54,48 +54,6 @@ class LogUnavailableError(RuntimeStoreError):
     """etcd did not take the append in time: the record's fate is unknown here."""
 
 
-@dataclass(frozen=True, slots=True)
-class LogKeys:
-    prefix: bytes
-
-    @classmethod
-    def of(cls, kind: str, name: str) -> LogKeys:
-        """The keys of one state machine: kind "shard" or "matcher", name its id."""
-        return cls(f"/oms/v1/{kind}/{name}/".encode())
-
-    @property
-    def leader(self) -> bytes:
-        return self.prefix + b"leader"
-
-    @property
-    def records(self) -> bytes:
-        return self.prefix + b"log/"
-
-    @property
-    def records_end(self) -> bytes:
-        return prefix_end(self.records)
-
-    def record(self, first_position: int) -> bytes:
-        return self.records + b"%020d" % first_position
-
-    @property
-    def chunks(self) -> bytes:
-        return self.prefix + b"chunk/"
-
-    def chunk_prefix(self, first_position: int) -> bytes:
-        return self.chunks + b"%020d/" % first_position
-
-    def chunk(self, first_position: int, index: int) -> bytes:
-        return self.chunk_prefix(first_position) + b"%04d" % index
-
-    @property
-    def replicas(self) -> bytes:
-        return self.prefix + b"replicas/"
-
-    def position_of(self, record_key: bytes) -> int:
-        return int(record_key[len(self.records) :])
-
-
 def _decode(value: bytes, where: str) -> LogBatch:
     try:
         batch, end = decode_batch_at(value, 0)
@@ -106,7 +64,7 @@ def _decode(value: bytes, where: str) -> LogBatch:
     return batch
 
 
-async def record_of(session: EtcdSession, keys: LogKeys, entry: Entry) -> LogBatch:
+async def record_of(session: EtcdSession, keys: GroupKeys, entry: Entry) -> LogBatch:
     """The batch a `log/` key holds (its chunks read and joined when it is a manifest)."""
     where = entry.key.decode()
     kind, body = entry.value[:1], entry.value[1:]
@@ -127,7 +85,7 @@ async def record_of(session: EtcdSession, keys: LogKeys, entry: Entry) -> LogBat
 
 
 async def read_records(
-    session: EtcdSession, keys: LogKeys, position: int
+    session: EtcdSession, keys: GroupKeys, position: int
 ) -> AsyncIterator[LogBatch]:
     """Every stored record whose entries lie at or after `position`, in order."""
     holding = await session.range(
@@ -145,7 +103,7 @@ async def read_records(
         start = page[-1].key + b"\x00"
 
 
-async def log_bounds(session: EtcdSession, keys: LogKeys) -> tuple[int, LogBatch | None]:
+async def log_bounds(session: EtcdSession, keys: GroupKeys) -> tuple[int, LogBatch | None]:
     """(first position stored, the last record) of the log; (0, None) when it is empty."""
     first = await session.range(keys.records, keys.records_end, limit=1, keys_only=True)
     if not first:
@@ -154,13 +112,42 @@ async def log_bounds(session: EtcdSession, keys: LogKeys) -> tuple[int, LogBatch
     return keys.position_of(first[0].key), await record_of(session, keys, last_key)
 
 
+class EtcdLogReader:
+    """The log as a follower sees it: readable, never appended to (`LogStore` for recovery)."""
+
+    def __init__(self, session: EtcdSession, keys: GroupKeys) -> None:
+        self.session = session
+        self.keys = keys
+
+    async def open(self) -> LogTail:
+        first, last = await log_bounds(self.session, self.keys)
+        return LogTail(
+            first_position=first or 1,
+            last_position=last.last_position if last is not None else 0,
+            consensus_time_ms=last.consensus_time_ms if last is not None else 0,
+            torn_bytes_dropped=0,
+        )
+
+    def append(self, batch: LogBatch, record: bytes) -> Awaitable[None]:
+        raise LogFencedError("a follower does not append")
+
+    def read_from(self, position: int) -> AsyncIterator[LogBatch]:
+        return read_records(self.session, self.keys, position)
+
+    async def truncate_before(self, position: int) -> None:
+        """Only the leader deletes records."""
+
+    async def close(self) -> None:
+        """The session belongs to the caller, who closes it."""
+
+
 class EtcdLogStore:
     """The log of one term's leader: appends fenced by the leader key's create revision."""
 
     def __init__(
         self,
         session: EtcdSession,
-        keys: LogKeys,
+        keys: GroupKeys,
         term: int,
         *,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,

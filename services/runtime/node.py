@@ -89,11 +89,14 @@ class RuntimeNode(Generic[EgressT]):
             raise RuntimeError("recover() the node before using its sequencer")
         return self._sequencer
 
-    async def recover(self, on_replayed: DurableHandler[EgressT] | None = None) -> RecoveryReport:
+    async def recover(
+        self, on_replayed: DurableHandler[EgressT] | None = None, *, writer: bool = True
+    ) -> RecoveryReport:
         """Newest valid snapshot + replay of the log after it; no database read.
 
         `on_replayed` receives the egress of every replayed record, so a durable
-        egress feed covers the tail again after a restart.
+        egress feed covers the tail again after a restart. With `writer` false (a
+        follower) no sequencer is built: `become_writer` builds one when it leads.
         """
         started = time.perf_counter()
         tail = await self.log_store.open()
@@ -131,14 +134,8 @@ class RuntimeNode(Generic[EgressT]):
             raise LogCorruptedError(
                 f"replay stopped at {replica.applied_position}, log ends at {tail.last_position}"
             )
-        self._sequencer = Sequencer(
-            replica,
-            self.log_store,
-            settings=self.settings.sequencer,
-            clock_ms=self._clock_ms,
-            on_durable=self.on_durable,
-            between_batches=self._maybe_snapshot,
-        )
+        if writer:
+            self._build_sequencer()
         report = RecoveryReport(
             snapshot_position=snapshot.position if snapshot else 0,
             replayed_entries=replayed,
@@ -149,6 +146,41 @@ class RuntimeNode(Generic[EgressT]):
         log.info("runtime.recovered", **_as_fields(report))
         return report
 
+    def _build_sequencer(self) -> None:
+        self._sequencer = Sequencer(
+            self.replica,
+            self.log_store,
+            settings=self.settings.sequencer,
+            clock_ms=self._clock_ms,
+            on_durable=self.on_durable,
+            between_batches=self._maybe_snapshot,
+        )
+
+    @property
+    def writing(self) -> bool:
+        return self._sequencer is not None
+
+    async def become_writer(self, store: LogStore) -> None:
+        """A follower that won the lead: append to `store` from its applied position on.
+
+        The replica must already have applied the whole log (the caller caught up
+        after winning, when no one else can append any more).
+        """
+        if self._sequencer is not None:
+            raise RuntimeError("this node already writes")
+        tail = await store.open()
+        if tail.last_position != self.replica.applied_position:
+            raise LogCorruptedError(
+                f"the log ends at {tail.last_position} but this replica applied "
+                f"{self.replica.applied_position}: catch up before writing"
+            )
+        self.log_store = store
+        self._build_sequencer()
+
+    def snapshot_between_records(self) -> None:
+        """A follower's snapshot policy: every applied record is durable already."""
+        self._maybe_snapshot()
+
     async def run(self) -> None:
         try:
             await self.sequencer.run()
@@ -156,7 +188,8 @@ class RuntimeNode(Generic[EgressT]):
             await self._settle_snapshots()
 
     def stop(self) -> None:
-        self.sequencer.stop()
+        if self._sequencer is not None:
+            self._sequencer.stop()
 
     async def close(self) -> None:
         await self._settle_snapshots()
@@ -170,8 +203,8 @@ class RuntimeNode(Generic[EgressT]):
         """
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._snapshot_requests.append(future)
-        if self.sequencer.running:
-            self.sequencer.request_turn()
+        if self._sequencer is not None and self._sequencer.running:
+            self._sequencer.request_turn()
         else:
             self._maybe_snapshot()
         return await future

@@ -8,14 +8,16 @@ from typing import Any
 
 import uvloop
 
+from services.coordination.group_keys import GroupKeys
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.hosting import RuntimeHost
 from services.runtime.node import NodeSettings, RuntimeNode
+from services.runtime.replicated_host import ReplicatedHost, ReplicationSettings
 from services.runtime.sequencer import SequencerSettings
-from services.settings import load_settings
+from services.settings import SettingsError, load_settings
 from services.shard.core.settings import ShardSettings, SymbolSettings
 from services.shard.core.shard_machine import ShardMachine
 from services.shard.service import ShardServicer
@@ -66,9 +68,22 @@ def build_host(settings: ShardServiceSettings) -> RuntimeHost[Any]:
             sequencer=SequencerSettings(timer_interval_ms=settings.timer_interval_ms),
         ),
     )
-    return RuntimeHost(
-        node, DurableEgressFeed(settings.retained_egress_records), listen_address=settings.listen
-    )
+    feed: DurableEgressFeed[Any] = DurableEgressFeed(settings.retained_egress_records)
+    if settings.log_backend == "etcd":
+        return ReplicatedHost(
+            node,
+            feed,
+            listen_address=settings.listen,
+            replication=ReplicationSettings(
+                etcd_endpoints=settings.etcd_endpoints,
+                keys=GroupKeys.of("shard", settings.shard_id),
+                advertise=settings.advertise or settings.listen,
+                lease_ttl_s=settings.lease_ttl_s,
+            ),
+        )
+    if settings.log_backend != "file":
+        raise SettingsError(f"OMS_SHARD_LOG is file or etcd, not {settings.log_backend!r}")
+    return RuntimeHost(node, feed, listen_address=settings.listen)
 
 
 async def serve(settings: ShardServiceSettings) -> None:

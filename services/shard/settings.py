@@ -28,4 +28,19 @@ class ShardServiceSettings:
     max_in_flight_sagas: int = setting(env="OMS_SHARD_MAX_IN_FLIGHT", default=100_000)
     max_inflight_batches: int = setting(env="OMS_SHARD_MAX_INFLIGHT_BATCHES", default=64)
     retained_egress_records: int = setting(env="OMS_SHARD_RETAINED_EGRESS", default=100_000)
+    log_backend: str = setting(
+        env="OMS_SHARD_LOG",
+        default="file",
+        help="file: one replica, its log on local disk; etcd: a replica of a group whose"
+        " log is in etcd (OMS_ETCD_ENDPOINTS), led by the holder of its leader key",
+    )
+    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    advertise: str = setting(
+        env="OMS_SHARD_ADVERTISE",
+        default="",
+        help="host:port other services reach this replica at (default: --listen)",
+    )
+    lease_ttl_s: int = setting(
+        env="OMS_SHARD_LEASE_TTL_S", default=2, help="the leader key's lease (etcd log only)"
+    )
     log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from services.coordination.etcd_session import EtcdSession, prefix_end
+from services.coordination.group_keys import GroupKeys
 from services.runtime.core.counter_machine import CounterMachine, encode_increment
 from services.runtime.core.log_batch import LogBatch, encode_batch
 from services.runtime.core.state_machine import EntryKind
 from services.runtime.errors import LogFencedError
-from services.runtime.etcd_log import EtcdLogStore, LogKeys, read_records
+from services.runtime.etcd_log import EtcdLogStore, read_records
 from services.runtime.node import NodeSettings, RuntimeNode
 from services.runtime.sequencer import SequencerSettings
 from tests.runtime.node_support import settle
@@ -33,11 +34,11 @@ async def session(etcd_endpoints: tuple[str, ...]) -> AsyncIterator[EtcdSession]
 
 
 @pytest.fixture
-def keys() -> LogKeys:
-    return LogKeys.of("test", f"etcd-log-{next(_prefixes)}")
+def keys() -> GroupKeys:
+    return GroupKeys.of("test", f"etcd-log-{next(_prefixes)}")
 
 
-async def lead(session: EtcdSession, keys: LogKeys) -> int:
+async def lead(session: EtcdSession, keys: GroupKeys) -> int:
     """Take the leader key (no lease: these tests end terms by hand); the term."""
     created, entry = await session.create(keys.leader, b"test", lease=0)
     assert created and entry is not None
@@ -53,7 +54,7 @@ async def append(store: EtcdLogStore, batch: LogBatch) -> None:
 
 
 async def test_appended_records_read_back_in_order_and_big_ones_come_back_whole(
-    session: EtcdSession, keys: LogKeys
+    session: EtcdSession, keys: GroupKeys
 ) -> None:
     term = await lead(session, keys)
     store = EtcdLogStore(session, keys, term, chunk_bytes=4_096)
@@ -79,7 +80,7 @@ async def test_appended_records_read_back_in_order_and_big_ones_come_back_whole(
 
 
 async def test_a_deposed_leader_cannot_append_and_a_retry_never_writes_twice(
-    session: EtcdSession, keys: LogKeys
+    session: EtcdSession, keys: GroupKeys
 ) -> None:
     term = await lead(session, keys)
     store = EtcdLogStore(session, keys, term)
@@ -104,7 +105,7 @@ async def test_a_deposed_leader_cannot_append_and_a_retry_never_writes_twice(
 
 
 async def test_chunks_of_a_record_without_its_manifest_are_removed_on_open(
-    session: EtcdSession, keys: LogKeys
+    session: EtcdSession, keys: GroupKeys
 ) -> None:
     term = await lead(session, keys)
     store = EtcdLogStore(session, keys, term, chunk_bytes=1_024)
@@ -119,7 +120,7 @@ async def test_chunks_of_a_record_without_its_manifest_are_removed_on_open(
 
 
 async def test_a_runtime_node_on_the_etcd_log_recovers_what_it_acknowledged(
-    session: EtcdSession, keys: LogKeys, tmp_path: Path
+    session: EtcdSession, keys: GroupKeys, tmp_path: Path
 ) -> None:
     term = await lead(session, keys)
     settings = NodeSettings(

@@ -1,0 +1,123 @@
+"""Who leads a group: one key in etcd, held under a lease that the holder keeps alive.
+
+`campaign()` waits until this process creates the key (it must not exist: the
+previous holder resigned or its lease expired) and returns the term: the key's
+create revision, which every write of the term carries as its fencing token
+(etcd refuses a transaction that compares it once the key was re-created).
+`hold()` keeps the lease alive and returns only when it is lost: etcd said the
+lease is gone, or no keep-alive succeeded for longer than the TTL (the holder
+cannot know then that it still leads, so it must act as if it did not: the lease
+may have expired on etcd's side already). The value names the holder, so others
+find the leader's address (`current`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from services.coordination.errors import CoordinationError, CoordinationUnavailable, LeaseLost
+from services.coordination.etcd_session import EtcdSession
+
+log = structlog.get_logger(__name__)
+RETRY_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderRecord:
+    holder: str  # what the holder put in the key: its address
+    term: int  # the key's create revision
+
+
+async def current_leader(session: EtcdSession, key: bytes) -> LeaderRecord | None:
+    entry = await session.get(key)
+    if entry is None:
+        return None
+    return LeaderRecord(entry.value.decode(), entry.create_revision)
+
+
+class Leadership:
+    def __init__(self, session: EtcdSession, key: bytes, holder: str, *, ttl_s: int) -> None:
+        if ttl_s < 1:
+            raise ValueError("a lease lives at least one second")
+        self.session = session
+        self.key = key
+        self.holder = holder
+        self.ttl_s = ttl_s
+        self.lease = 0
+        self.term = 0
+        self.lost = asyncio.Event()
+        self.campaigns = 0
+        self._renewed_at = 0.0  # when the last keep-alive that etcd answered was sent
+
+    async def campaign(self) -> int:
+        """Wait until this process holds the key; the term."""
+        while True:
+            self.campaigns += 1
+            try:
+                lease = await self.session.grant_lease(self.ttl_s)
+                created, entry = await self.session.create(
+                    self.key, self.holder.encode(), lease=lease
+                )
+            except CoordinationUnavailable as error:
+                log.info("leadership.etcd_unavailable", key=self.key.decode(), error=str(error))
+                await asyncio.sleep(RETRY_S)
+                continue
+            if created and entry is not None:
+                self.lease, self.term = lease, entry.create_revision
+                self._renewed_at = time.monotonic()
+                log.info("leadership.won", key=self.key.decode(), term=self.term)
+                return self.term
+            with contextlib.suppress(CoordinationUnavailable):
+                await self.session.revoke_lease(lease)
+            await self._wait_vacant(entry.mod_revision + 1 if entry is not None else 0)
+
+    async def _wait_vacant(self, from_revision: int) -> None:
+        """Until the key is deleted (its holder resigned or its lease expired)."""
+        try:
+            async with asyncio.timeout(self.ttl_s * 2):
+                async for event in self.session.watch(
+                    self.key, b"", from_revision=max(from_revision, 1)
+                ):
+                    if event.kind == "delete":
+                        return
+        except (TimeoutError, CoordinationError):
+            return  # unavailable, or the history compacted: look again
+
+    async def hold(self) -> None:
+        """Keep the lease alive; raise `LeaseLost` once it is, or may be, gone."""
+        if not self.lease:
+            raise LeaseLost("no lease held: campaign first")
+        interval_s = self.ttl_s / 3
+        while True:
+            await asyncio.sleep(interval_s)
+            sent_at = time.monotonic()
+            try:
+                remaining = await asyncio.wait_for(
+                    self.session.keep_alive(self.lease), timeout=interval_s
+                )
+            except (CoordinationUnavailable, TimeoutError) as error:
+                if time.monotonic() - self._renewed_at >= self.ttl_s:
+                    self._lose(f"no keep-alive for {self.ttl_s} s: {error}")
+                continue
+            if remaining <= 0:
+                self._lose("etcd says the lease is gone")
+            # Counted from when the keep-alive was sent: etcd renewed it no earlier.
+            self._renewed_at = sent_at
+
+    def _lose(self, why: str) -> None:
+        self.lost.set()
+        log.warning("leadership.lost", key=self.key.decode(), term=self.term, why=why)
+        raise LeaseLost(f"{self.key.decode()} term {self.term}: {why}")
+
+    async def resign(self) -> None:
+        """Give the key up at once (a graceful stop): the next campaign wins without
+        waiting for the lease to expire."""
+        if self.lease:
+            with contextlib.suppress(CoordinationUnavailable):
+                await self.session.revoke_lease(self.lease)
+            self.lease = 0

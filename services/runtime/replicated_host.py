@@ -1,0 +1,199 @@
+"""A runtime node as one replica of a group whose log is in etcd: follower, then leader.
+
+Every replica recovers from its newest local snapshot plus the etcd log, serves
+gRPC at once (health, and its service's calls refused while it does not lead:
+`LeaderGate`), follows the log as the leader appends it (`LogFollower`: every
+record applied, the leader's state hashes verified, egress kept in the feed), and
+campaigns for the group's leader key (`Leadership`). A replica that wins reads the
+log to its end (nobody else can append any more: every append is fenced by the
+leader key's create revision), becomes the writer of the new term, and only then
+serves: health SERVING, the service's loops started, commands accepted. There is
+no is-leader branch inside the state machine: the host decides where egress goes
+by serving (or refusing) the calls that carry it.
+
+A leader that loses its lease, or whose append is fenced, stops at once: the
+process ends with the error and its supervisor starts it again as a follower
+(crash-only; what it acknowledged is in etcd). A graceful stop resigns the lease
+so a follower takes over without waiting for it to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.clients.channels import SERVER_OPTIONS
+from services.coordination.etcd_session import EtcdSession
+from services.coordination.group_keys import GroupKeys
+from services.coordination.leadership import Leadership, current_leader
+from services.runtime.collector import settle_long_lived_state
+from services.runtime.egress_feed import DurableEgressFeed
+from services.runtime.etcd_log import EtcdLogReader, EtcdLogStore
+from services.runtime.hosting import HostPlan, RuntimeHost
+from services.runtime.ingress import CommandIngress
+from services.runtime.leader_gate import LeaderGate
+from services.runtime.log_follower import LogFollower
+from services.runtime.node import RuntimeNode
+
+log = structlog.get_logger(__name__)
+EgressT = TypeVar("EgressT")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSettings:
+    etcd_endpoints: tuple[str, ...]
+    keys: GroupKeys
+    advertise: str  # the address other services reach this replica at
+    lease_ttl_s: int = 2
+
+
+class ReplicatedHost(RuntimeHost[EgressT]):
+    def __init__(
+        self,
+        node: RuntimeNode[EgressT],
+        feed: DurableEgressFeed[EgressT],
+        *,
+        listen_address: str,
+        replication: ReplicationSettings,
+        grace_s: float = 5.0,
+    ) -> None:
+        super().__init__(node, feed, listen_address=listen_address, grace_s=grace_s)
+        self.replication = replication
+        self.leading = False
+        self.term = 0
+        self._leader_address = ""
+        self.session: EtcdSession | None = None
+        self.follower: LogFollower[EgressT] | None = None
+
+    @property
+    def leader_address(self) -> str:
+        return self.replication.advertise if self.leading else self._leader_address
+
+    async def run(self, plan_for: Callable[[RuntimeHost[EgressT]], HostPlan]) -> None:
+        replication = self.replication
+        async with EtcdSession(replication.etcd_endpoints) as session:
+            self.session = session
+            node = self.node
+            node.log_store = EtcdLogReader(session, replication.keys)
+            self.recovery = await node.recover(on_replayed=self.feed.publish, writer=False)
+            settle_long_lived_state()
+            self.feed.start_at(node.replica.applied_position)
+            plan = plan_for(self)
+            gate = LeaderGate(
+                plan.service_names,
+                leading=lambda: self.leading,
+                leader_address=lambda: self.leader_address,
+            )
+            server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=(gate,))
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+            plan.register(server)
+            self.bound_port = server.add_insecure_port(self.listen_address)
+            if self.bound_port == 0:
+                raise OSError(f"cannot listen on {self.listen_address}")
+            self._server = server
+            await server.start()
+            await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+            for name in plan.service_names:
+                await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+            log.info("replica.following", address=self.listen_address, **self._where())
+            self.ready.set()
+            leadership = Leadership(
+                session,
+                replication.keys.leader,
+                replication.advertise,
+                ttl_s=replication.lease_ttl_s,
+            )
+            try:
+                await self._follow_then_lead(session, leadership, plan, server)
+            finally:
+                self.leading = False
+                self.feed.close()
+                with contextlib.suppress(Exception):
+                    await server.stop(0)
+                await leadership.resign()
+                await node.close()
+                log.info("service.stopped")
+
+    def _where(self) -> dict[str, Any]:
+        return {
+            "prefix": self.replication.keys.prefix.decode(),
+            "applied_position": self.node.replica.applied_position,
+        }
+
+    async def _follow_then_lead(
+        self,
+        session: EtcdSession,
+        leadership: Leadership,
+        plan: HostPlan,
+        server: grpc.aio.Server,
+    ) -> None:
+        node = self.node
+        follower = LogFollower(
+            session,
+            self.replication.keys,
+            node.replica,
+            on_applied=self.feed.publish,
+            between_records=node.snapshot_between_records,
+        )
+        self.follower = follower
+        async with asyncio.TaskGroup() as group:
+            following = group.create_task(follower.run())
+            watching = group.create_task(self._watch_leader(session))
+            campaigning = group.create_task(leadership.campaign())
+            stop = group.create_task(self._stop.wait())
+            await asyncio.wait({campaigning, stop, following}, return_when=asyncio.FIRST_COMPLETED)
+            following.cancel()
+            watching.cancel()
+            if following.done() and not following.cancelled():
+                following.result()  # the replica diverged: stop with its error
+            if not campaigning.done():
+                campaigning.cancel()
+                return  # stopped while following
+            self.term = campaigning.result()
+            # Nobody else can append now: read the log to its end, then write it.
+            await follower.catch_up()
+            await node.become_writer(EtcdLogStore(session, self.replication.keys, self.term))
+            self._ingress = CommandIngress(node.sequencer)
+            self.leading = True
+            sequencer = group.create_task(node.run())
+            holding = group.create_task(leadership.hold())
+            loops = [group.create_task(loop()) for loop in plan.loops]
+            for name in plan.service_names:
+                await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            log.info("replica.leading", term=self.term, **self._where())
+            await asyncio.wait({stop, sequencer, holding}, return_when=asyncio.FIRST_COMPLETED)
+            if not stop.done():
+                # The lease is lost or an append was fenced: another replica may lead now.
+                self.leading = False
+                stop.cancel()
+                for task in loops:
+                    task.cancel()
+                node.stop()
+                if holding.done():
+                    holding.result()  # LeaseLost: the process ends with it
+                sequencer.result()  # LogFencedError or the store's failure
+                raise RuntimeError("the sequencer stopped on its own")
+            holding.cancel()
+            for name in ("", *plan.service_names):
+                await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+            await server.stop(self.grace_s)
+            for task in loops:
+                task.cancel()
+            node.stop()
+            await sequencer
+
+    async def _watch_leader(self, session: EtcdSession) -> None:
+        """Keep `leader_address` current while following, for the gate's refusals."""
+        key = self.replication.keys.leader
+        while True:
+            with contextlib.suppress(Exception):
+                record = await current_leader(session, key)
+                self._leader_address = record.holder if record is not None else ""
+            await asyncio.sleep(0.5)
