@@ -41,6 +41,7 @@ from services.runtime.ingress import CommandIngress
 from services.runtime.leader_gate import LeaderGate
 from services.runtime.log_follower import LogFollower
 from services.runtime.node import RuntimeNode
+from services.serving.status_service import register_status
 
 log = structlog.get_logger(__name__)
 EgressT = TypeVar("EgressT")
@@ -71,6 +72,8 @@ class ReplicatedHost(RuntimeHost[EgressT]):
         self._leader_address = ""
         self.session: EtcdSession | None = None
         self.follower: LogFollower[EgressT] | None = None
+        self.gate: LeaderGate | None = None
+        self.leadership: Leadership | None = None
 
     @property
     def leader_address(self) -> str:
@@ -86,13 +89,14 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             settle_long_lived_state()
             self.feed.start_at(node.replica.applied_position)
             plan = plan_for(self)
-            gate = LeaderGate(
+            self.gate = gate = LeaderGate(
                 plan.service_names,
                 leading=lambda: self.leading,
                 leader_address=lambda: self.leader_address,
             )
             server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=(gate,))
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+            register_status(server, "replica", self._status)
             plan.register(server)
             self.bound_port = server.add_insecure_port(self.listen_address)
             if self.bound_port == 0:
@@ -104,7 +108,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
                 await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
             log.info("replica.following", address=self.listen_address, **self._where())
             self.ready.set()
-            leadership = Leadership(
+            self.leadership = leadership = Leadership(
                 session,
                 replication.keys.leader,
                 replication.advertise,
@@ -120,6 +124,33 @@ class ReplicatedHost(RuntimeHost[EgressT]):
                 await leadership.resign()
                 await node.close()
                 log.info("service.stopped")
+
+    def _status(self) -> tuple[dict[str, int], dict[str, str]]:
+        """What `oms.v1.Status/GetStatus` answers on every replica, leader or not: where
+        it is in the log and its state's hash there, so replicas can be compared."""
+        replica = self.node.replica
+        follower, gate, leadership = self.follower, self.gate, self.leadership
+        durable = self.node.sequencer.durable_position if self.node.writing else 0
+        counters = {
+            "leading": int(self.leading),
+            "term": self.term,
+            "applied_position": replica.applied_position,
+            "durable_position": durable or replica.applied_position,
+            "checkpoints_verified": replica.checkpoints_verified,
+            "records_followed": follower.applied_records if follower else 0,
+            "range_reads": follower.range_reads if follower else 0,
+            "watch_restarts": follower.watch_restarts if follower else 0,
+            "refused_not_leader": gate.refused if gate else 0,
+            "campaigns": leadership.campaigns if leadership else 0,
+        }
+        info = {
+            "role": "leader" if self.leading else "follower",
+            "leader": self.leader_address,
+            "prefix": self.replication.keys.prefix.decode(),
+            # At applied_position; equal positions on two replicas must mean equal hashes.
+            "state_hash": replica.machine.state_hash().hex(),
+        }
+        return counters, info
 
     def _where(self) -> dict[str, Any]:
         return {

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,15 +24,13 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from protos.oms.v1 import status_pb2
 from services.clients.channels import SERVER_OPTIONS
+from services.serving.status_service import STATUS_SERVICE, StatusSource, register_status
 
 log = structlog.get_logger(__name__)
 
 ServicerRegistration = Callable[[grpc.aio.Server], None]
 BackgroundLoop = Callable[[], Coroutine[Any, Any, None]]
-StatusSource = Callable[[], tuple[Mapping[str, int], Mapping[str, str]]]
-STATUS_SERVICE = "oms.v1.Status"
 
 
 @dataclass
@@ -71,7 +69,7 @@ class ServiceHost:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         plan.register(server)
-        _register_status(server, plan)
+        register_status(server, plan.name, plan.status)
         self.bound_port = server.add_insecure_port(self.listen_address)
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {self.listen_address}")
@@ -98,25 +96,3 @@ class ServiceHost:
             with contextlib.suppress(Exception):
                 await server.stop(0)
             log.info("service.stopped", service=plan.name)
-
-
-def _register_status(server: grpc.aio.Server, plan: ServicePlan) -> None:
-    async def get_status(
-        request: status_pb2.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> status_pb2.StatusReport:
-        counters, info = plan.status()
-        report = status_pb2.StatusReport(service=plan.name)
-        for name, value in counters.items():
-            report.counters[name] = value
-        for name, text in info.items():
-            report.info[name] = text
-        return report
-
-    handler = grpc.unary_unary_rpc_method_handler(
-        get_status,
-        request_deserializer=status_pb2.StatusRequest.FromString,
-        response_serializer=status_pb2.StatusReport.SerializeToString,
-    )
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(STATUS_SERVICE, {"GetStatus": handler}),)
-    )

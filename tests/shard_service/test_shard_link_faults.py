@@ -15,83 +15,20 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import pytest
 from structlog.testing import capture_logs
 
-from services.clients.shard_link import LinkState, ShardLink, ShardUnavailableError
-from tests.shard_service.shard_client import USDT, ShardClient, balance, deposit, hydrate
+from services.clients.shard_link import LinkState, ShardLink
+from tests.shard_service.deposit_load import TIMEOUT_S, DepositLoad
+from tests.shard_service.shard_client import USDT, ShardClient, balance, hydrate
 from tests.shard_service.shard_process import ShardProcess, aio_channel
 
 pytestmark = pytest.mark.slow
 USERS = 16
-TIMEOUT_S = 2.0
 ANSWER_MARGIN_S = 0.5  # the expiry sweep's tick and a loaded machine's scheduling
-PAUSE_S = 0.025  # per caller: 16 callers, about 600 commands/s in all
-RETRY_PAUSE_S = 0.02
 KILLS = 4
 SERVE_AGAIN_S = 5.0
-
-
-@dataclass
-class DepositLoad:
-    """Each user's caller deposits 1 unit at a time, retrying each transfer id until final."""
-
-    link: ShardLink
-    users: range
-    accepted: Counter[int] = field(default_factory=Counter)  # per user: transfers applied
-    answers: Counter[str] = field(default_factory=Counter)
-    slowest_answer_s: float = 0.0
-    last_success: float = 0.0
-    max_queued: int = 0
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            for user_id in self.users:
-                group.create_task(self._caller(user_id))
-
-    async def wait_successes(self, count: int, timeout_s: float = 30.0) -> None:
-        target = sum(self.accepted.values()) + count
-        deadline = time.monotonic() + timeout_s
-        while sum(self.accepted.values()) < target:
-            assert time.monotonic() < deadline, f"no {count} successes: {self.answers}"
-            await asyncio.sleep(0.02)
-
-    async def wait_answers(self, kind: str, count: int, timeout_s: float = 30.0) -> None:
-        target = self.answers[kind] + count
-        deadline = time.monotonic() + timeout_s
-        while self.answers[kind] < target:
-            assert time.monotonic() < deadline, f"no {count} {kind}: {self.answers}"
-            await asyncio.sleep(0.02)
-
-    async def _caller(self, user_id: int) -> None:
-        sequence = 0
-        while not self.stop.is_set():
-            sequence += 1
-            transfer_id = f"load-{user_id}-{sequence}"
-            while True:
-                started = time.monotonic()
-                try:
-                    result = await self.link.execute(
-                        deposit(user_id, 1, transfer_id=transfer_id), timeout_s=TIMEOUT_S
-                    )
-                except (ShardUnavailableError, TimeoutError) as error:
-                    self._answered(started, type(error).__name__)
-                    await asyncio.sleep(RETRY_PAUSE_S)
-                    continue
-                self._answered(started, "duplicate" if result.duplicate else "accepted")
-                assert result.accepted, result
-                self.accepted[user_id] += 1
-                self.last_success = time.monotonic()
-                break
-            await asyncio.sleep(PAUSE_S)
-
-    def _answered(self, started: float, kind: str) -> None:
-        self.answers[kind] += 1
-        self.slowest_answer_s = max(self.slowest_answer_s, time.monotonic() - started)
-        self.max_queued = max(self.max_queued, self.link.statistics().queued)
 
 
 async def _started_load(process: ShardProcess) -> tuple[ShardLink, DepositLoad, asyncio.Task[None]]:
