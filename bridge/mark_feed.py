@@ -24,7 +24,8 @@ import structlog
 from bridge.backoff import Backoff
 from bridge.statistics import BridgeStatistics
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
-from services.clients.channels import mesh_channel
+from services.clients.channels import group_channel
+from services.coordination.addresses import AddressSource
 
 log = structlog.get_logger(__name__)
 CONNECT_TIMEOUT_S = 5.0
@@ -33,15 +34,15 @@ CONNECT_TIMEOUT_S = 5.0
 class MarkFeed:
     def __init__(
         self,
-        shard_address: str,
-        matchers: Mapping[str, str],
+        shard: AddressSource,
+        matchers: Mapping[str, AddressSource],
         statistics: BridgeStatistics,
         *,
         interval_ms: int,
         backoff_initial_ms: int,
         backoff_max_ms: int,
     ) -> None:
-        self.shard_address = shard_address
+        self.shard = shard
         self.matchers = dict(matchers)
         self.statistics = statistics
         self.interval_ms = interval_ms
@@ -53,8 +54,8 @@ class MarkFeed:
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
-            for group, address in sorted(self.matchers.items()):
-                tasks.create_task(self._follow(group, address))
+            for group, source in sorted(self.matchers.items()):
+                tasks.create_task(self._follow(group, source))
             tasks.create_task(self._publish())
 
     def offer(self, symbol: str, price_ticks: int) -> None:
@@ -73,12 +74,12 @@ class MarkFeed:
         self.arrived.clear()
         return marks
 
-    async def _follow(self, group: str, address: str) -> None:
+    async def _follow(self, group: str, source: AddressSource) -> None:
         counters = self.statistics.counters
         backoff = Backoff(self.backoff_initial_ms, self.backoff_max_ms)
         while True:
             try:
-                async with mesh_channel(address) as channel:
+                async with group_channel(source) as channel:
                     await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
                     call = matcher_pb2_grpc.MatcherStub(channel).StreamLastPrices(
                         matcher_pb2.LastPriceRequest(min_interval_ms=self.interval_ms)
@@ -99,7 +100,7 @@ class MarkFeed:
         backoff = Backoff(self.backoff_initial_ms, self.backoff_max_ms)
         while True:
             try:
-                async with mesh_channel(self.shard_address) as channel:
+                async with group_channel(self.shard) as channel:
                     await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
                     stub = shard_pb2_grpc.UserShardStub(channel)
                     # Ends only with an error: the request stream never ends by itself.

@@ -31,7 +31,8 @@ from bridge.order_traces import OrderTraces
 from bridge.statistics import BridgeStatistics
 from bridge.work_queue import Work, WorkQueue, add_command, saga_work
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
-from services.clients.channels import mesh_channel
+from services.clients.channels import group_channel
+from services.coordination.addresses import AddressSource
 
 log = structlog.get_logger(__name__)
 CONNECT_TIMEOUT_S = 5.0
@@ -53,7 +54,7 @@ class MatcherLane:
     def __init__(
         self,
         group: str,
-        address: str,
+        source: AddressSource,
         *,
         shard_id: str,
         queue_capacity: int,
@@ -63,7 +64,7 @@ class MatcherLane:
         traced: bool = False,
     ) -> None:
         self.group = group
-        self.address = address
+        self.source = source
         self.shard_id = shard_id
         self.queue = WorkQueue(group, queue_capacity)
         self.max_batch_commands = max_batch_commands
@@ -95,7 +96,7 @@ class MatcherLane:
         try:
             while True:
                 try:
-                    async with mesh_channel(self.address) as channel:
+                    async with group_channel(self.source) as channel:
                         await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
                         if from_sequence is None:
                             # Open before the snapshot: a fresh item is then either queued or
@@ -111,7 +112,7 @@ class MatcherLane:
                     log.warning(
                         "bridge.matcher_connection_lost",
                         group=self.group,
-                        address=self.address,
+                        address=self.source.describe(),
                         error=repr(failure.exceptions[0]),
                     )
                 self.statistics.connected[self.group] = False

@@ -39,9 +39,10 @@ from bridge.settings import BridgeSettings
 from bridge.shard_feed import follow_egress
 from bridge.statistics import BridgeStatistics
 from protos.oms.v1 import shard_pb2, shard_pb2_grpc
-from services.clients.channels import mesh_channel
+from services.clients.channels import group_channel
 from services.clients.matcher_directory import MatcherDirectory
 from services.clients.shard_link import ShardLink
+from services.coordination.addresses import address_source
 from services.serving.service_host import ServicePlan
 
 log = structlog.get_logger(__name__)
@@ -54,10 +55,19 @@ class BridgeService:
         self.settings = settings
         self.statistics = BridgeStatistics()
         self.backoff = Backoff(settings.backoff_initial_ms, settings.backoff_max_ms)
+        # Fixed addresses, or each group's leader as etcd names it (re-resolved at every
+        # reconnect, so a failover is followed by the next session).
+        self.shard = address_source(
+            settings.shard_address,
+            kind="shard",
+            name=settings.shard_id,
+            etcd_endpoints=settings.etcd_endpoints,
+        )
+        matchers = directory.sources(settings.etcd_endpoints)
         self.lanes: Mapping[str, MatcherLane] = {
             group: MatcherLane(
                 group,
-                address,
+                source,
                 shard_id=settings.shard_id,
                 queue_capacity=settings.queue_capacity,
                 max_batch_commands=settings.max_batch_commands,
@@ -65,11 +75,11 @@ class BridgeService:
                 statistics=self.statistics,
                 traced=traced,
             )
-            for group, address in sorted(directory.addresses.items())
+            for group, source in matchers.items()
         }
         self.marks = MarkFeed(
-            settings.shard_address,
-            directory.addresses,
+            self.shard,
+            matchers,
             self.statistics,
             interval_ms=settings.mark_interval_ms,
             backoff_initial_ms=settings.backoff_initial_ms,
@@ -84,16 +94,16 @@ class BridgeService:
             except* (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as failure:
                 log.warning(
                     "bridge.shard_session_ended",
-                    shard=self.settings.shard_address,
+                    shard=self.shard.describe(),
                     error=repr(failure.exceptions[0]),
                 )
             self.statistics.counters.reconnects += 1
             await self.backoff.wait()
 
     async def _session(self) -> None:
-        link = ShardLink(self.settings.shard_address)
+        link = ShardLink(self.shard)
         try:
-            async with mesh_channel(self.settings.shard_address) as channel:
+            async with group_channel(self.shard) as channel:
                 await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
                 shard = shard_pb2_grpc.UserShardStub(channel)
                 snapshot = await shard.GetInFlight(
@@ -133,7 +143,7 @@ class BridgeService:
                 log.error("bridge.unroutable", matcher_group=group, kind=kind)
 
     def status(self) -> tuple[Mapping[str, int], Mapping[str, str]]:
-        return self.statistics.status(self.settings.shard_id, self.settings.shard_address)
+        return self.statistics.status(self.settings.shard_id, self.shard.describe())
 
     def plan(self) -> ServicePlan:
         return ServicePlan(

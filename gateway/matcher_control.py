@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
@@ -18,15 +18,25 @@ from gateway.errors import timed_out, unavailable
 from protos.oms.v1 import matcher_pb2
 from services.clients.channels import mesh_channel
 from services.clients.matcher_directory import MatcherDirectory
+from services.coordination.errors import CoordinationUnavailable
 
 EXECUTE_METHOD = "/oms.v1.Matcher/Execute"
 
 
 class MatcherControl:
-    def __init__(self, directory: MatcherDirectory, *, timeout_s: float) -> None:
+    def __init__(
+        self,
+        directory: MatcherDirectory,
+        *,
+        timeout_s: float,
+        etcd_endpoints: Sequence[str] = (),
+    ) -> None:
         self.directory = directory
         self.timeout_s = timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        # Fixed addresses, or each group's leader (resolved at every call: admin calls
+        # are rare, and one must reach whoever leads now).
+        self.sources = directory.sources(etcd_endpoints)
+        self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
         self._ids = itertools.count(1)
 
     def groups(self) -> list[str]:
@@ -36,7 +46,10 @@ class MatcherControl:
         self, group: str, command: matcher_pb2.MatcherCommand
     ) -> matcher_pb2.MatcherCommandResult:
         command.correlation_id = next(self._ids)
-        channel = self._channel(group)
+        try:
+            address, channel = await self._channel(group)
+        except CoordinationUnavailable as error:
+            raise unavailable(f"matcher {group}: {error}") from error
         batch = matcher_pb2.MatcherCommandBatch(commands=[command]).SerializeToString()
 
         async def one_batch() -> AsyncIterator[bytes]:
@@ -47,7 +60,6 @@ class MatcherControl:
             request_serializer=None,
             response_deserializer=matcher_pb2.MatcherResultBatch.FromString,
         )(one_batch(), timeout=self.timeout_s)
-        address = self.directory.addresses[group]
         try:
             async for results in call:
                 for result in results.results:
@@ -77,13 +89,18 @@ class MatcherControl:
         return dict(zip(groups, results, strict=True))
 
     async def close(self) -> None:
-        for channel in self._channels.values():
+        for _, channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+        for source in self.sources.values():
+            await source.close()
 
-    def _channel(self, group: str) -> grpc.aio.Channel:
-        channel = self._channels.get(group)
-        if channel is None:
-            channel = mesh_channel(self.directory.addresses[group])
-            self._channels[group] = channel
-        return channel
+    async def _channel(self, group: str) -> tuple[str, grpc.aio.Channel]:
+        address = await self.sources[group].resolve()
+        known = self._channels.get(group)
+        if known is not None and known[0] == address:
+            return known
+        if known is not None:
+            await known[1].close()  # the group's leader moved
+        self._channels[group] = (address, mesh_channel(address))
+        return self._channels[group]

@@ -74,7 +74,11 @@ class Gateway:
         self.order_updates = OrderUpdateFanout(
             shard, counters, capacity=settings.order_update_queue
         )
-        self.matchers = MatcherControl(directory, timeout_s=settings.matcher_timeout_ms / 1000)
+        self.matchers = MatcherControl(
+            directory,
+            timeout_s=settings.matcher_timeout_ms / 1000,
+            etcd_endpoints=settings.etcd_endpoints,
+        )
         validator = RequestValidator(catalog, wall_clock_ms)
         self.orders = OrderService(
             validator=validator,

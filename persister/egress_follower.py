@@ -34,7 +34,8 @@ from persister.errors import EgressGapError
 from persister.hydration_reads import HydrationReads
 from persister.write_buffer import WRITE_KINDS, WriteBuffer
 from protos.oms.v1 import shard_pb2
-from services.clients.channels import mesh_channel
+from services.clients.channels import group_channel
+from services.coordination.addresses import AddressSource
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +50,7 @@ COUNTERS = ("egress_items", "egress_messages", "egress_connects", "egress_breaks
 class EgressFollower:
     def __init__(
         self,
-        shard_address: str,
+        shard: AddressSource,
         buffer: WriteBuffer,
         hydrations: HydrationReads,
         dedup: DedupReads,
@@ -57,7 +58,7 @@ class EgressFollower:
         *,
         on_connect: Callable[[], Awaitable[None]],
     ) -> None:
-        self.shard_address = shard_address
+        self.shard = shard
         self.buffer = buffer
         self.hydrations = hydrations
         self.dedup = dedup
@@ -66,49 +67,47 @@ class EgressFollower:
         self.received_through = 0
 
     async def run(self) -> None:
-        channel = mesh_channel(self.shard_address)
+        while True:
+            try:
+                # Where the shard is now (its leader, when replicated): found again after
+                # every break, so a failover is followed by the next subscription.
+                async with group_channel(self.shard) as channel:
+                    await self._subscribe(channel)
+            except ConnectionError as error:
+                log.info("persister.shard_unreachable", error=str(error))
+            self.counters.add("egress_breaks")
+            self.buffer.discard_incomplete()
+            await asyncio.sleep(RETRY_DELAY_S)
+
+    async def _subscribe(self, channel: grpc.aio.Channel) -> None:
         subscribe = channel.unary_stream(
             SUBSCRIBE_METHOD,
             request_serializer=shard_pb2.EgressSubscription.SerializeToString,
             response_deserializer=shard_pb2.ShardEgressBatch.FromString,
         )
+        await channel.channel_ready()
+        await self.on_connect()
+        start = self.buffer.complete_through + 1
+        self.counters.add("egress_connects")
+        shard = self.shard.describe()
+        log.info("persister.egress_subscribed", shard=shard, from_position=start)
+        call = subscribe(
+            shard_pb2.EgressSubscription(from_position=start, kinds=KINDS, through_positions=True)
+        )
         try:
-            while True:
-                await channel.channel_ready()
-                await self.on_connect()
-                start = self.buffer.complete_through + 1
-                self.counters.add("egress_connects")
-                log.info(
-                    "persister.egress_subscribed", shard=self.shard_address, from_position=start
-                )
-                call = subscribe(
-                    shard_pb2.EgressSubscription(
-                        from_position=start, kinds=KINDS, through_positions=True
-                    )
-                )
-                try:
-                    async for message in call:
-                        await self._take(message)
-                    log.info("persister.egress_ended", shard=self.shard_address)
-                except grpc.aio.AioRpcError as error:
-                    if error.code() == grpc.StatusCode.OUT_OF_RANGE:
-                        log.critical(
-                            "persister.egress_gap", from_position=start, detail=error.details()
-                        )
-                        raise EgressGapError(
-                            f"shard {self.shard_address} no longer retains egress from position "
-                            f"{start}: {error.details()}"
-                        ) from error
-                    log.warning(
-                        "persister.egress_broken", code=error.code().name, detail=error.details()
-                    )
-                finally:
-                    call.cancel()
-                self.counters.add("egress_breaks")
-                self.buffer.discard_incomplete()
-                await asyncio.sleep(RETRY_DELAY_S)
+            async for message in call:
+                await self._take(message)
+            log.info("persister.egress_ended", shard=shard)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.OUT_OF_RANGE:
+                log.critical("persister.egress_gap", from_position=start, detail=error.details())
+                raise EgressGapError(
+                    f"shard {shard} no longer retains egress from position "
+                    f"{start}: {error.details()}"
+                ) from error
+            log.warning("persister.egress_broken", code=error.code().name, detail=error.details())
         finally:
-            await channel.close()
+            call.cancel()
 
     async def _take(self, message: shard_pb2.ShardEgressBatch) -> None:
         items = message.items

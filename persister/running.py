@@ -14,6 +14,7 @@ from persister.settings import PersisterSettings
 from persister.shard_answers import ShardAnswers
 from persister.shard_lock import StopRequestedError, shard_lock
 from persister.store import Store
+from services.coordination.addresses import address_source
 from services.serving.service_host import ServiceHost
 
 log = structlog.get_logger(__name__)
@@ -35,7 +36,13 @@ async def serve(settings: PersisterSettings) -> None:
         pool_size=settings.pool_size,
         timeout_s=settings.startup_timeout_ms / 1000,
     )
-    link = ShardAnswers(settings.shard_address)
+    shard = address_source(
+        settings.shard_address,
+        kind="shard",
+        name=settings.shard_id,
+        etcd_endpoints=settings.etcd_endpoints,
+    )
+    link = ShardAnswers(shard)
     try:
         applied = await apply_migrations(store)
         log.info("persister.schema_ready", applied_now=applied)
@@ -49,4 +56,5 @@ async def serve(settings: PersisterSettings) -> None:
         log.info("persister.stopped_before_serving", shard_id=settings.shard_id)
     finally:
         await link.close()
+        await shard.close()
         await store.close()

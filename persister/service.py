@@ -98,7 +98,7 @@ class PersisterService:
             max_pending=settings.max_pending_reads,
         )
         self.follower = EgressFollower(
-            settings.shard_address,
+            shard.shard,
             self.buffer,
             self.hydrations,
             self.dedup,
@@ -142,7 +142,7 @@ class PersisterService:
         counters["unknown_users_cached"] = len(self.unknown)
         info = {
             "shard_id": self.settings.shard_id,
-            "shard_address": self.settings.shard_address,
+            "shard_address": self.shard.shard.describe(),
             "oracles": ",".join(ORACLE_COUNTERS),
         }
         return counters, info

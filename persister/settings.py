@@ -10,8 +10,11 @@ from services.settings import setting
 @dataclass(frozen=True)
 class PersisterSettings:
     shard_address: str = setting(
-        env="OMS_SHARD_ADDRESS", default="127.0.0.1:7201", help="host:port of the shard it follows"
+        env="OMS_SHARD_ADDRESS",
+        default="127.0.0.1:7201",
+        help="host:port of the shard, or etcd: its leader as etcd names it",
     )
+    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
     listen: str = setting(env="OMS_PERSISTER_LISTEN", default="127.0.0.1:7301")
     database_url: str = setting(
         env="OMS_DATABASE_URL", default="", help="postgresql:// URL of the system of record"

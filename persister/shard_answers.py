@@ -13,12 +13,13 @@ from collections.abc import Sequence
 
 from protos.oms.v1 import shard_pb2
 from services.clients.shard_link import ShardLink, ShardUnavailableError
+from services.coordination.addresses import AddressSource
 
 
 class ShardAnswers:
-    def __init__(self, shard_address: str) -> None:
-        self.shard_address = shard_address
-        self._link = ShardLink(shard_address)
+    def __init__(self, shard: AddressSource) -> None:
+        self.shard = shard  # where the shard is (its leader, when replicated)
+        self._link = ShardLink(shard)
         self.renewals = 0
 
     async def send(self, commands: Sequence[shard_pb2.ShardCommand]) -> None:
@@ -33,7 +34,7 @@ class ShardAnswers:
 
     async def renew(self) -> None:
         previous = self._link
-        self._link = ShardLink(self.shard_address)
+        self._link = ShardLink(self.shard)
         self.renewals += 1
         await previous.close()
 

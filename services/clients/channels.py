@@ -7,7 +7,13 @@ its own connection rather than a process-wide one still backing off.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import grpc
+
+from services.coordination.addresses import AddressSource
+from services.coordination.errors import CoordinationUnavailable
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -32,3 +38,20 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
 
 def mesh_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+@contextlib.asynccontextmanager
+async def group_channel(source: AddressSource) -> AsyncIterator[grpc.aio.Channel]:
+    """A channel to where `source` says the group is now (its leader, when replicated).
+
+    Callers open one per connection attempt inside their retry loops: a failover
+    breaks their calls (the old leader is gone or refuses), and the next attempt
+    resolves the new leader. No leader known yet is a `ConnectionError` like any
+    unreachable peer, so the loops retry it the same way.
+    """
+    try:
+        address = await source.resolve()
+    except CoordinationUnavailable as error:
+        raise ConnectionError(f"{source.describe()}: {error}") from error
+    async with mesh_channel(address) as channel:
+        yield channel

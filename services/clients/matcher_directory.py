@@ -1,15 +1,17 @@
 """Where each matcher group listens, and which group owns each symbol.
 
 The mesh names matcher addresses in one setting, `OMS_MATCHERS`
-("g1=127.0.0.1:7301,g2=127.0.0.1:7302"); symbols map to groups through the
+("g1=127.0.0.1:7301,g2=127.0.0.1:7302", or "g1=etcd" for the group's leader
+as its leader key in etcd names it); symbols map to groups through the
 market catalog, so the gateway, the bridge and the reconciler route alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from services.coordination.addresses import AddressSource, address_source
 from services.markets.catalog import MarketCatalog
 
 
@@ -38,6 +40,15 @@ class MatcherDirectory:
             raise MatcherDirectoryError(f"no address for matcher group(s) {', '.join(missing)}")
         groups = {market.symbol: market.matcher_group for market in catalog.markets}
         return cls(addresses, groups)
+
+    def sources(self, etcd_endpoints: Sequence[str]) -> dict[str, AddressSource]:
+        """Each group's address as a source: fixed, or its leader found in etcd."""
+        return {
+            group: address_source(
+                address, kind="matcher", name=group, etcd_endpoints=etcd_endpoints
+            )
+            for group, address in sorted(self.addresses.items())
+        }
 
     def group_of(self, symbol: str) -> str | None:
         return self.groups_by_symbol.get(symbol)

@@ -18,8 +18,9 @@ from services.observability.tracing import configure_tracing
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.hosting import RuntimeHost
 from services.runtime.node import NodeSettings, RuntimeNode
+from services.runtime.replicated_host import host_for
 from services.runtime.sequencer import SequencerSettings
-from services.settings import load_settings
+from services.settings import SettingsError, load_settings
 
 
 def register(subparsers: Any) -> None:
@@ -67,7 +68,21 @@ def build_host(settings: MatcherServiceSettings) -> RuntimeHost[MatcherEgress]:
             sequencer=SequencerSettings(timer_interval_ms=settings.timer_interval_ms),
         ),
     )
-    return RuntimeHost(node, DurableEgressFeed(10_000), listen_address=settings.listen)
+    try:
+        return host_for(
+            node,
+            DurableEgressFeed(10_000),
+            listen_address=settings.listen,
+            log_backend=settings.log_backend,
+            kind="matcher",
+            name=settings.group,
+            etcd_endpoints=settings.etcd_endpoints,
+            advertise=settings.advertise,
+            lease_ttl_s=settings.lease_ttl_s,
+            compact_interval_s=settings.etcd_compact_interval_s,
+        )
+    except ValueError as error:
+        raise SettingsError(f"OMS_MATCHER_LOG: {error}") from error
 
 
 async def serve(settings: MatcherServiceSettings) -> None:

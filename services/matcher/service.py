@@ -42,15 +42,23 @@ class DurableView:
 
     def __init__(self, machine: MatcherMachine) -> None:
         self.machine = machine
+        self.changed = asyncio.Condition()
+        self._read_machine()
+
+    def _read_machine(self) -> None:
+        """Start from the machine itself: only when it has applied nothing beyond what is
+        durable (a replica taking the lead has; so has one just recovered)."""
+        machine = self.machine
         self.sequences: dict[str, int] = {
             shard: stream.last_sequence for shard, stream in machine.engine.streams.items()
         }
         self.last_prices: dict[str, matcher_pb2.LastPrice] = {
             price.symbol: price for price in machine.last_prices()
         }
-        self.changed = asyncio.Condition()
 
     async def follow(self, host: RuntimeHost[MatcherEgress]) -> None:
+        # A follower applied records while it followed, after this view was made.
+        self._read_machine()
         async for record in host.feed.subscribe(host.feed.durable_position + 1):
             # Prices come from this record's fills, not from the machine: the machine may
             # already have applied the next record, whose trades are not durable yet.

@@ -27,4 +27,24 @@ class MatcherServiceSettings:
     max_inflight_batches: int = setting(
         env="OMS_MATCHER_MAX_INFLIGHT", default=64, help="per Execute stream"
     )
+    log_backend: str = setting(
+        env="OMS_MATCHER_LOG",
+        default="file",
+        help="file: one replica, its log on local disk; etcd: a replica of a group whose"
+        " log is in etcd (OMS_ETCD_ENDPOINTS), led by the holder of its leader key",
+    )
+    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    advertise: str = setting(
+        env="OMS_MATCHER_ADVERTISE",
+        default="",
+        help="host:port other services reach this replica at (default: --listen)",
+    )
+    lease_ttl_s: int = setting(
+        env="OMS_MATCHER_LEASE_TTL_S", default=2, help="the leader key's lease (etcd log only)"
+    )
+    etcd_compact_interval_s: int = setting(
+        env="OMS_ETCD_COMPACT_INTERVAL_S",
+        default=30,
+        help="how often the leader compacts etcd's history behind its log (etcd log only)",
+    )
     log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")

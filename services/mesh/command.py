@@ -15,12 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from services.coordination.addresses import FROM_ETCD
 from services.infra.command import format_status
 from services.infra.errors import InfraError
 from services.infra.local_infra import InfraEndpoints, LocalInfra, ServerState
 from services.infra.settings import InfraSettings
 from services.markets.catalog import load_catalog
-from services.mesh.mesh_record import MeshRecord, prepare_mesh_record
+from services.mesh.mesh_record import MeshRecord, MeshRecordError, prepare_mesh_record
 from services.mesh.readiness import report_readiness
 from services.mesh.supervisor import ChildSpec, MeshFailedError, Supervisor
 from services.settings import load_settings
@@ -31,6 +32,13 @@ def register(subparsers: Any) -> None:
         "up", help="run the whole mesh locally on embedded defaults (Ctrl-C stops it)"
     )
     parser.add_argument("--state-dir", type=Path, default=None, help="default: ./state")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="replicas of the shard and of each matcher group (1: file logs, the light"
+        " default; 3: logs in etcd, a leader elected per group, failover)",
+    )
     parser.set_defaults(handler=run_up)
 
 
@@ -40,64 +48,62 @@ def mesh_children(
     """The services of the mesh, in start order; each is an `oms <service>` process.
 
     Every address comes from the mesh record; clients of a service that is not up
-    yet retry with backoff, so start order is a courtesy, not a requirement.
+    yet retry with backoff, so start order is a courtesy, not a requirement. With
+    replicas, the shard and each matcher group run that many replicas whose log is
+    in etcd, and every other service finds each group's leader in etcd.
     """
+    replicated = record.replicated
     environment = {
         "OMS_ETCD_ENDPOINTS": ",".join(endpoints.etcd_endpoints),
         "OMS_DATABASE_URL": endpoints.database_url,
         "OMS_SHARD_ID": record.shard_id,
-        "OMS_SHARD_ADDRESS": record.shard,
+        "OMS_SHARD_ADDRESS": FROM_ETCD if replicated else record.shard,
         "OMS_PERSISTER_ADDRESS": record.persister,
-        "OMS_MATCHERS": record.matcher_setting(),
+        "OMS_MATCHERS": ",".join(f"{group}={FROM_ETCD}" for group in record.matchers)
+        if replicated
+        else record.matcher_setting(),
         "OMS_ADMIN_API_KEY": record.admin_api_key,
         "OMS_ADMIN_API_SECRET": record.admin_api_secret,
     }
-    services: list[tuple[str, list[str]]] = [
-        (
-            f"matcher-{group}",
-            [
-                "matcher",
-                "--group",
-                group,
-                "--listen",
-                address,
-                "--data-dir",
-                str(state_dir / f"matcher-{group}"),
-            ],
-        )
-        for group, address in record.matchers.items()
-    ]
+    shard_address = environment["OMS_SHARD_ADDRESS"]
+    services: list[tuple[str, list[str], dict[str, str]]] = []
+    for group in record.matchers:
+        for index, address in enumerate(record.matcher_replicas(group)):
+            name = f"matcher-{group}" + (f"-r{index + 1}" if replicated else "")
+            argv = ["matcher", "--group", group, "--listen", address]
+            argv += ["--data-dir", str(state_dir / name)]
+            extra = {"OMS_MATCHER_LOG": "etcd", "OMS_MATCHER_ADVERTISE": address}
+            services.append((name, argv, extra if replicated else {}))
+    for index, address in enumerate(record.shard_replicas()):
+        name = f"shard-{record.shard_id}" + (f"-r{index + 1}" if replicated else "")
+        argv = ["shard", "--shard-id", record.shard_id, "--listen", address]
+        argv += ["--data-dir", str(state_dir / name)]
+        extra = {"OMS_SHARD_LOG": "etcd", "OMS_SHARD_ADVERTISE": address}
+        services.append((name, argv, extra if replicated else {}))
     services += [
         (
-            f"shard-{record.shard_id}",
-            [
-                "shard",
-                "--shard-id",
-                record.shard_id,
-                "--listen",
-                record.shard,
-                "--data-dir",
-                str(state_dir / f"shard-{record.shard_id}"),
-            ],
+            "persister",
+            ["persister", "--listen", record.persister, "--shard-address", shard_address],
+            {},
         ),
-        ("persister", ["persister", "--listen", record.persister, "--shard-address", record.shard]),
-        ("bridge", ["bridge", "--listen", record.bridge, "--shard-address", record.shard]),
+        ("bridge", ["bridge", "--listen", record.bridge, "--shard-address", shard_address], {}),
         (
             "reconciler",
-            ["reconciler", "--listen", record.reconciler, "--shard-address", record.shard],
+            ["reconciler", "--listen", record.reconciler, "--shard-address", shard_address],
+            {},
         ),
-        ("gateway", ["gateway", "--listen", record.gateway]),
+        ("gateway", ["gateway", "--listen", record.gateway], {}),
     ]
-    for name, argv in services:
-        print(f"[mesh] {name:<11} will listen on {argv[argv.index('--listen') + 1]}", flush=True)
+    for name, argv, _ in services:
+        print(f"[mesh] {name:<15} will listen on {argv[argv.index('--listen') + 1]}", flush=True)
     return [
         ChildSpec(
             name,
             [sys.executable, "-m", "services.command_line", *argv],
-            environment,
+            {**environment, **extra},
             address=argv[argv.index("--listen") + 1],
         )
-        for name, argv in services
+        for name, argv, extra in services
     ]
 
 
@@ -117,7 +123,15 @@ def run_up(arguments: argparse.Namespace) -> int:
     for status in infra.status():
         print(format_status(status), flush=True)
     started_here = {status.name for status in infra.status()} - already_running
-    record = prepare_mesh_record(infra.state_dir, load_catalog().groups())
+    try:
+        record = prepare_mesh_record(
+            infra.state_dir, load_catalog().groups(), replicas=arguments.replicas
+        )
+    except MeshRecordError as error:
+        print(f"oms up: {error}", file=sys.stderr)
+        if started_here:
+            infra.down()
+        return 1
     children = mesh_children(endpoints, infra.state_dir, record)
     print(f"[mesh] gateway {record.gateway}; try `oms demo` in another terminal", flush=True)
     try:

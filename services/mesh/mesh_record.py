@@ -3,6 +3,11 @@
 `oms up` writes it before starting the services (ports chosen free, reused on the
 next `oms up` while still free), and `oms demo` / `oms client` read it to find the
 gateway. The admin secret is generated once per state folder; the file is 0600.
+
+With `--replicas 3` the shard and every matcher group run three replicas each
+over logs in etcd; a state folder keeps the replica count it was made with (a
+file log and an etcd log of the same shard would disagree on every position the
+persister has recorded), so a change of count asks for a new folder.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ RECORD_NAME = "mesh.json"
 SHARD_ID = "s1"
 
 
+class MeshRecordError(ValueError):
+    """The state folder was made for another shape of mesh."""
+
+
 @dataclass(frozen=True)
 class MeshRecord:
     gateway: str
@@ -30,6 +39,20 @@ class MeshRecord:
     admin_api_key: str = ""
     admin_api_secret: str = ""
     shard_id: str = SHARD_ID
+    replicas: int = 1
+    # Replicas beyond the first (`shard`, `matchers[group]`), when replicas > 1.
+    shard_followers: list[str] = field(default_factory=list)
+    matcher_followers: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def replicated(self) -> bool:
+        return self.replicas > 1
+
+    def shard_replicas(self) -> list[str]:
+        return [self.shard, *self.shard_followers]
+
+    def matcher_replicas(self, group: str) -> list[str]:
+        return [self.matchers[group], *self.matcher_followers.get(group, [])]
 
     def matcher_setting(self) -> str:
         return ",".join(f"{group}={address}" for group, address in self.matchers.items())
@@ -44,9 +67,17 @@ def read_mesh_record(state_dir: Path) -> MeshRecord | None:
     return MeshRecord(**data)
 
 
-def prepare_mesh_record(state_dir: Path, groups: list[str]) -> MeshRecord:
+def prepare_mesh_record(state_dir: Path, groups: list[str], *, replicas: int = 1) -> MeshRecord:
     """The previous record's ports where still free, new free ports otherwise."""
+    if replicas < 1:
+        raise MeshRecordError("a group runs at least one replica")
     previous = read_mesh_record(state_dir)
+    if previous is not None and previous.replicas != replicas:
+        raise MeshRecordError(
+            f"{state_dir} holds a mesh of {previous.replicas} replica(s) per group, not "
+            f"{replicas}: its logs and the database's positions belong to that one; "
+            "choose another --state-dir"
+        )
 
     def address(old: str | None) -> str:
         if old:
@@ -56,6 +87,12 @@ def prepare_mesh_record(state_dir: Path, groups: list[str]) -> MeshRecord:
         return f"{LOOPBACK}:{free_port()}"
 
     old_matchers = previous.matchers if previous else {}
+    old_shard_followers = previous.shard_followers if previous else []
+    old_matcher_followers = previous.matcher_followers if previous else {}
+
+    def followers(old: list[str]) -> list[str]:
+        return [address(old[i] if i < len(old) else None) for i in range(replicas - 1)]
+
     record = MeshRecord(
         gateway=address(previous.gateway if previous else None),
         shard=address(previous.shard if previous else None),
@@ -65,6 +102,13 @@ def prepare_mesh_record(state_dir: Path, groups: list[str]) -> MeshRecord:
         matchers={group: address(old_matchers.get(group)) for group in groups},
         admin_api_key=previous.admin_api_key if previous else "admin-" + secrets.token_hex(4),
         admin_api_secret=previous.admin_api_secret if previous else secrets.token_hex(32),
+        replicas=replicas,
+        shard_followers=followers(old_shard_followers),
+        matcher_followers={
+            group: followers(old_matcher_followers.get(group, [])) for group in groups
+        }
+        if replicas > 1
+        else {},
     )
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / RECORD_NAME

@@ -14,6 +14,7 @@ keeps no state: its cursor restarts at the first user.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 
@@ -21,9 +22,10 @@ import grpc
 import structlog
 
 from protos.oms.v1 import matcher_pb2_grpc, shard_pb2_grpc
-from services.clients.channels import mesh_channel
+from services.clients.channels import group_channel
 from services.clients.matcher_directory import MatcherDirectory
 from services.clients.shard_link import ShardLink
+from services.coordination.addresses import address_source
 from services.reconciler.settings import ReconcilerSettings
 from services.reconciler.sweep import ReconcilerCounters, ReconcileSweep
 from services.serving.service_host import ServicePlan
@@ -38,15 +40,32 @@ class ReconcilerService:
         self.counters = ReconcilerCounters()
         self.cursor = 0
         self.last_round_ms = 0.0
+        self.shard = address_source(
+            settings.shard_address,
+            kind="shard",
+            name=settings.shard_id,
+            etcd_endpoints=settings.etcd_endpoints,
+        )
+        self.matchers = directory.sources(settings.etcd_endpoints)
 
     async def run(self) -> None:
+        """Sessions, one after another: each resolves where the shard and the matchers
+        are now (their leaders, when replicated) and sweeps until a round fails."""
+        while True:
+            await self._session()
+            await asyncio.sleep(self.settings.interval_ms / 1000)
+
+    async def _session(self) -> None:
         settings = self.settings
-        matcher_channels = {
-            group: mesh_channel(address) for group, address in self.directory.addresses.items()
-        }
-        link = ShardLink(settings.shard_address)
         try:
-            async with mesh_channel(settings.shard_address) as shard_channel:
+            async with contextlib.AsyncExitStack() as stack:
+                shard_channel = await stack.enter_async_context(group_channel(self.shard))
+                matcher_channels = {
+                    group: await stack.enter_async_context(group_channel(source))
+                    for group, source in self.matchers.items()
+                }
+                link = ShardLink(self.shard)
+                stack.push_async_callback(link.close)
                 sweep = ReconcileSweep(
                     shard=shard_pb2_grpc.UserShardStub(shard_channel),
                     matchers={
@@ -61,36 +80,35 @@ class ReconcilerService:
                     counters=self.counters,
                 )
                 while True:
-                    link = await self._round(sweep, link)
+                    if not await self._round(sweep, link):
+                        return
                     await asyncio.sleep(settings.interval_ms / 1000)
-        finally:
-            await link.close()
-            for channel in matcher_channels.values():
-                await channel.close()
+        except ConnectionError as error:
+            self.counters.round_errors += 1
+            log.warning("reconciler.unreachable", error=str(error))
 
-    async def _round(self, sweep: ReconcileSweep, link: ShardLink) -> ShardLink:
-        """One round; the link to use next (a new one after the shard was unreachable)."""
+    async def _round(self, sweep: ReconcileSweep, link: ShardLink) -> bool:
+        """One round; False when the shard or a matcher was unreachable (a new session
+        then finds them again, with a fresh link: the old stream may have broken)."""
         started = time.monotonic()
         try:
             reports = await sweep.round()
         except grpc.aio.AioRpcError as error:
             self.counters.round_errors += 1
             log.warning("reconciler.round_failed", error=error.code().name, details=error.details())
-            # A fresh link: the old stream may have broken with the shard.
-            await link.close()
-            return ShardLink(self.settings.shard_address)
+            return False
         if reports:
             await link.send(reports)
             self.counters.reports_sent += len(reports)
         self.counters.rounds += 1
         self.cursor = sweep.cursor
         self.last_round_ms = (time.monotonic() - started) * 1000
-        return link
+        return True
 
     def status(self) -> tuple[Mapping[str, int], Mapping[str, str]]:
         info = {
             "shard_id": self.settings.shard_id,
-            "shard_address": self.settings.shard_address,
+            "shard_address": self.shard.describe(),
             "cursor_user_id": str(self.cursor),
             "last_round_ms": f"{self.last_round_ms:.1f}",
         }

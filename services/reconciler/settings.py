@@ -11,8 +11,11 @@ from services.settings import setting
 @dataclass(frozen=True)
 class ReconcilerSettings:
     shard_address: str = setting(
-        env="OMS_SHARD_ADDRESS", default="127.0.0.1:7201", help="host:port of the user shard"
+        env="OMS_SHARD_ADDRESS",
+        default="127.0.0.1:7201",
+        help="host:port of the shard, or etcd: its leader as etcd names it",
     )
+    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
     listen: str = setting(
         env="OMS_RECONCILER_LISTEN", default="127.0.0.1:7501", help="health and status"
     )

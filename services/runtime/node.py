@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -82,6 +82,10 @@ class RuntimeNode(Generic[EgressT]):
         self._snapshot_tasks: set[asyncio.Task[int]] = set()
         self._snapshot_requests: list[asyncio.Future[int]] = []
         self.snapshot_errors: list[BaseException] = []
+        # Given the oldest snapshot kept, after each one is published. Unset: the log
+        # is truncated to it (one replica: its own snapshots are all that matter).
+        # A replicated host sets it: the log is the group's, and so is the decision.
+        self.after_snapshot: Callable[[int], Awaitable[None]] | None = None
 
     @property
     def sequencer(self) -> Sequencer[EgressT]:
@@ -283,7 +287,9 @@ class RuntimeNode(Generic[EgressT]):
     async def _after_snapshot(self, position: int) -> int:
         self._last_snapshot_position = position
         oldest = self.snapshots.oldest_retained_position()
-        if oldest is not None:
+        if self.after_snapshot is not None:
+            await self.after_snapshot(oldest if oldest is not None else position)
+        elif oldest is not None:
             await self.log_store.truncate_before(oldest + 1)
         log.info("snapshot.published", position=position)
         return position

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,21 +31,26 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.clients.channels import SERVER_OPTIONS
+from services.coordination.errors import CoordinationError, RevisionCompacted
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import GroupKeys
 from services.coordination.leadership import Leadership, current_leader
+from services.coordination.replica_registry import ReplicaRegistry
 from services.runtime.collector import settle_long_lived_state
 from services.runtime.egress_feed import DurableEgressFeed
-from services.runtime.etcd_log import EtcdLogReader, EtcdLogStore
+from services.runtime.errors import LogFencedError
+from services.runtime.etcd_log import EtcdLogReader, EtcdLogStore, log_bounds
 from services.runtime.hosting import HostPlan, RuntimeHost
 from services.runtime.ingress import CommandIngress
 from services.runtime.leader_gate import LeaderGate
 from services.runtime.log_follower import LogFollower
 from services.runtime.node import RuntimeNode
+from services.runtime.snapshot_transfer import SnapshotServer, install_from_peers
 from services.serving.status_service import register_status
 
 log = structlog.get_logger(__name__)
 EgressT = TypeVar("EgressT")
+REGISTRY_TTL_S = 10  # a replica gone longer loses its hold on the log's truncation
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,8 @@ class ReplicationSettings:
     keys: GroupKeys
     advertise: str  # the address other services reach this replica at
     lease_ttl_s: int = 2
+    # etcd's history before the log's truncation is compacted at most this often.
+    compact_interval_s: float = 30.0
 
 
 class ReplicatedHost(RuntimeHost[EgressT]):
@@ -74,6 +82,12 @@ class ReplicatedHost(RuntimeHost[EgressT]):
         self.follower: LogFollower[EgressT] | None = None
         self.gate: LeaderGate | None = None
         self.leadership: Leadership | None = None
+        self.registry: ReplicaRegistry | None = None
+        self.snapshot_server = SnapshotServer(node.snapshots)
+        self.installed_snapshot = 0
+        self.truncated_through = 0
+        self.compactions = 0
+        self._compacted_at = float("-inf")
 
     @property
     def leader_address(self) -> str:
@@ -85,8 +99,18 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             self.session = session
             node = self.node
             node.log_store = EtcdLogReader(session, replication.keys)
+            self.registry = registry = ReplicaRegistry(
+                session,
+                replication.keys,
+                replication.advertise,
+                ttl_s=max(REGISTRY_TTL_S, 3 * replication.lease_ttl_s),
+            )
+            await self._install_snapshot_if_behind(session, registry)
             self.recovery = await node.recover(on_replayed=self.feed.publish, writer=False)
             settle_long_lived_state()
+            oldest = node.snapshots.oldest_retained_position()
+            await registry.join(oldest or 0)
+            node.after_snapshot = self._snapshot_published
             self.feed.start_at(node.replica.applied_position)
             plan = plan_for(self)
             self.gate = gate = LeaderGate(
@@ -97,6 +121,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=(gate,))
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
             register_status(server, "replica", self._status)
+            self.snapshot_server.register(server)
             plan.register(server)
             self.bound_port = server.add_insecure_port(self.listen_address)
             if self.bound_port == 0:
@@ -114,16 +139,65 @@ class ReplicatedHost(RuntimeHost[EgressT]):
                 replication.advertise,
                 ttl_s=replication.lease_ttl_s,
             )
+            keeping = asyncio.create_task(registry.keep())
             try:
                 await self._follow_then_lead(session, leadership, plan, server)
             finally:
+                keeping.cancel()
                 self.leading = False
                 self.feed.close()
                 with contextlib.suppress(Exception):
                     await server.stop(0)
                 await leadership.resign()
                 await node.close()
+                await registry.leave()
                 log.info("service.stopped")
+
+    async def _install_snapshot_if_behind(
+        self, session: EtcdSession, registry: ReplicaRegistry
+    ) -> None:
+        """An empty disk, or a snapshot older than the log's first record: take a peer's."""
+        first, last = await log_bounds(session, self.replication.keys)
+        if last is None or first <= 1:
+            return  # the whole log is there: a replay from nothing works
+        snapshots = self.node.snapshots
+        local = max(snapshots.positions(), default=0)
+        if local + 1 >= first:
+            return
+        peers = [m for m in await registry.members() if m.address != registry.address]
+        log.warning(
+            "replica.installing_snapshot",
+            local_snapshot=local,
+            log_starts_at=first,
+            peers=len(peers),
+        )
+        self.installed_snapshot = await install_from_peers(peers, snapshots, first - 1)
+
+    async def _snapshot_published(self, oldest_kept: int) -> None:
+        """Tell the group what this replica could recover from; the leader then deletes
+        the records every live replica is past, and compacts etcd's history now and then."""
+        registry, store = self.registry, self.node.log_store
+        if registry is None:
+            return
+        try:
+            await registry.publish(oldest_kept)
+            if not self.leading or not isinstance(store, EtcdLogStore):
+                return
+            floor = await registry.truncation_floor()
+            if floor <= self.truncated_through:
+                return
+            await store.truncate_before(floor + 1)
+            self.truncated_through = floor
+            now = time.monotonic()
+            if now - self._compacted_at >= self.replication.compact_interval_s:
+                self._compacted_at = now
+                # The history before the truncation's revision holds only deleted records.
+                with contextlib.suppress(RevisionCompacted):
+                    await store.session.compact(store.session.revision)
+                self.compactions += 1
+        except (CoordinationError, LogFencedError) as error:
+            # The next snapshot tries again; a fenced leader learns it on its next append.
+            log.warning("replica.truncation_skipped", error=repr(error))
 
     def _status(self) -> tuple[dict[str, int], dict[str, str]]:
         """What `oms.v1.Status/GetStatus` answers on every replica, leader or not: where
@@ -142,6 +216,10 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             "watch_restarts": follower.watch_restarts if follower else 0,
             "refused_not_leader": gate.refused if gate else 0,
             "campaigns": leadership.campaigns if leadership else 0,
+            "installed_snapshot": self.installed_snapshot,
+            "snapshots_sent": self.snapshot_server.sent,
+            "truncated_through": self.truncated_through,
+            "compactions": self.compactions,
         }
         info = {
             "role": "leader" if self.leading else "follower",
@@ -228,3 +306,42 @@ class ReplicatedHost(RuntimeHost[EgressT]):
                 record = await current_leader(session, key)
                 self._leader_address = record.holder if record is not None else ""
             await asyncio.sleep(0.5)
+
+
+LOG_BACKENDS = ("file", "etcd")
+
+
+def host_for(
+    node: RuntimeNode[EgressT],
+    feed: DurableEgressFeed[EgressT],
+    *,
+    listen_address: str,
+    log_backend: str,
+    kind: str,
+    name: str,
+    etcd_endpoints: tuple[str, ...],
+    advertise: str,
+    lease_ttl_s: int,
+    compact_interval_s: float = 30.0,
+) -> RuntimeHost[EgressT]:
+    """The host a service's settings ask for: one replica on a local file log, or a
+    replica of group `kind/name` whose log is in etcd. Configuration only: the
+    state machine and the service are the same either way."""
+    if log_backend == "file":
+        return RuntimeHost(node, feed, listen_address=listen_address)
+    if log_backend != "etcd":
+        raise ValueError(f"the log backend is one of {LOG_BACKENDS}, not {log_backend!r}")
+    if not etcd_endpoints:
+        raise ValueError(f"{kind} {name}: the etcd log needs OMS_ETCD_ENDPOINTS")
+    return ReplicatedHost(
+        node,
+        feed,
+        listen_address=listen_address,
+        replication=ReplicationSettings(
+            etcd_endpoints=etcd_endpoints,
+            keys=GroupKeys.of(kind, name),
+            advertise=advertise or listen_address,
+            lease_ttl_s=lease_ttl_s,
+            compact_interval_s=compact_interval_s,
+        ),
+    )

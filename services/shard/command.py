@@ -8,14 +8,13 @@ from typing import Any
 
 import uvloop
 
-from services.coordination.group_keys import GroupKeys
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.hosting import RuntimeHost
 from services.runtime.node import NodeSettings, RuntimeNode
-from services.runtime.replicated_host import ReplicatedHost, ReplicationSettings
+from services.runtime.replicated_host import host_for
 from services.runtime.sequencer import SequencerSettings
 from services.settings import SettingsError, load_settings
 from services.shard.core.settings import ShardSettings, SymbolSettings
@@ -69,21 +68,21 @@ def build_host(settings: ShardServiceSettings) -> RuntimeHost[Any]:
         ),
     )
     feed: DurableEgressFeed[Any] = DurableEgressFeed(settings.retained_egress_records)
-    if settings.log_backend == "etcd":
-        return ReplicatedHost(
+    try:
+        return host_for(
             node,
             feed,
             listen_address=settings.listen,
-            replication=ReplicationSettings(
-                etcd_endpoints=settings.etcd_endpoints,
-                keys=GroupKeys.of("shard", settings.shard_id),
-                advertise=settings.advertise or settings.listen,
-                lease_ttl_s=settings.lease_ttl_s,
-            ),
+            log_backend=settings.log_backend,
+            kind="shard",
+            name=settings.shard_id,
+            etcd_endpoints=settings.etcd_endpoints,
+            advertise=settings.advertise,
+            lease_ttl_s=settings.lease_ttl_s,
+            compact_interval_s=settings.etcd_compact_interval_s,
         )
-    if settings.log_backend != "file":
-        raise SettingsError(f"OMS_SHARD_LOG is file or etcd, not {settings.log_backend!r}")
-    return RuntimeHost(node, feed, listen_address=settings.listen)
+    except ValueError as error:
+        raise SettingsError(f"OMS_SHARD_LOG: {error}") from error
 
 
 async def serve(settings: ShardServiceSettings) -> None:

@@ -43,4 +43,9 @@ class ShardServiceSettings:
     lease_ttl_s: int = setting(
         env="OMS_SHARD_LEASE_TTL_S", default=2, help="the leader key's lease (etcd log only)"
     )
+    etcd_compact_interval_s: int = setting(
+        env="OMS_ETCD_COMPACT_INTERVAL_S",
+        default=30,
+        help="how often the leader compacts etcd's history behind its log (etcd log only)",
+    )
     log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")

@@ -13,11 +13,11 @@ from tests.replication.replica_set import ReplicaSet
 @pytest.fixture
 def replica_set(
     tmp_path: Path, etcd_endpoints: tuple[str, ...]
-) -> Iterator[Callable[[int], ReplicaSet]]:
+) -> Iterator[Callable[..., ReplicaSet]]:
     made: list[ReplicaSet] = []
 
-    def make(size: int) -> ReplicaSet:
-        replicas = ReplicaSet(tmp_path, etcd_endpoints, size)
+    def make(size: int, environment: dict[str, str] | None = None) -> ReplicaSet:
+        replicas = ReplicaSet(tmp_path, etcd_endpoints, size, environment)
         made.append(replicas)
         replicas.start()
         return replicas

@@ -31,6 +31,7 @@ class ReplicaProcess(ShardProcess):
 
 @dataclass(frozen=True)
 class ReplicaStatus:
+    counters: dict[str, int]
     leading: bool
     term: int
     applied_position: int
@@ -47,6 +48,7 @@ def status_of(address: str, timeout_s: float = 2.0) -> ReplicaStatus:
         )
     counters = report.counters
     return ReplicaStatus(
+        counters=dict(counters),
         leading=bool(counters["leading"]),
         term=counters["term"],
         applied_position=counters["applied_position"],
@@ -58,7 +60,13 @@ def status_of(address: str, timeout_s: float = 2.0) -> ReplicaStatus:
 
 
 class ReplicaSet:
-    def __init__(self, folder: Path, etcd_endpoints: tuple[str, ...], size: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        etcd_endpoints: tuple[str, ...],
+        size: int,
+        environment: dict[str, str] | None = None,
+    ) -> None:
         self.shard_id = f"rep{os.getpid()}-{next(_groups)}"
         environment = {
             "OMS_SHARD_LOG": "etcd",
@@ -66,6 +74,7 @@ class ReplicaSet:
             "OMS_SHARD_LEASE_TTL_S": str(LEASE_TTL_S),
             # Checkpoints often, so followers verify the leader's hashes many times.
             "OMS_SHARD_CHECKPOINT_ENTRIES": "16",
+            **(environment or {}),
         }
         self.etcd_endpoints = etcd_endpoints
         self.replicas = [
