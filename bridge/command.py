@@ -14,6 +14,7 @@ from services.clients.matcher_directory import MatcherDirectory
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing, tracing_enabled
+from services.serving.leader_only import LeaderOnly
 from services.serving.service_host import ServiceHost
 from services.settings import load_settings
 
@@ -39,7 +40,16 @@ async def serve(settings: BridgeSettings, *, traced: bool) -> None:
     service = BridgeService(settings, directory, traced=traced)
     host = ServiceHost(settings.listen)
     host.install_signal_handlers()
-    await host.run(service.plan())
+    plan = service.plan()
+    if settings.leader_lease:
+        role = LeaderOnly(
+            settings.etcd_endpoints,
+            role="bridge",
+            shard_id=settings.shard_id,
+            holder=settings.listen,
+        )
+        plan = role.wrap(plan)
+    await host.run(plan)
 
 
 def run(arguments: argparse.Namespace) -> int:

@@ -16,6 +16,11 @@ class BridgeSettings:
         help="host:port of the shard, or etcd: its leader as etcd names it",
     )
     etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    leader_lease: bool = setting(
+        env="OMS_BRIDGE_LEADER_LEASE",
+        default=False,
+        help="several instances per shard, one active: the holder of an etcd lease",
+    )
     listen: str = setting(
         env="OMS_BRIDGE_LISTEN", default="127.0.0.1:7401", help="health and status"
     )

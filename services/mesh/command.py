@@ -65,6 +65,11 @@ def mesh_children(
         "OMS_ADMIN_API_KEY": record.admin_api_key,
         "OMS_ADMIN_API_SECRET": record.admin_api_secret,
     }
+    if replicated:
+        # Leader-only by their own leases: a second instance started with the same
+        # settings waits as a hot standby.
+        environment["OMS_BRIDGE_LEADER_LEASE"] = "1"
+        environment["OMS_RECONCILER_LEADER_LEASE"] = "1"
     shard_address = environment["OMS_SHARD_ADDRESS"]
     services: list[tuple[str, list[str], dict[str, str]]] = []
     for group in record.matchers:

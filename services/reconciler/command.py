@@ -13,6 +13,7 @@ from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.reconciler.service import ReconcilerService
 from services.reconciler.settings import ReconcilerSettings
+from services.serving.leader_only import LeaderOnly
 from services.serving.service_host import ServiceHost
 from services.settings import load_settings
 
@@ -37,7 +38,16 @@ async def serve(settings: ReconcilerSettings) -> None:
     service = ReconcilerService(settings, directory)
     host = ServiceHost(settings.listen)
     host.install_signal_handlers()
-    await host.run(service.plan())
+    plan = service.plan()
+    if settings.leader_lease:
+        role = LeaderOnly(
+            settings.etcd_endpoints,
+            role="reconciler",
+            shard_id=settings.shard_id,
+            holder=settings.listen,
+        )
+        plan = role.wrap(plan)
+    await host.run(plan)
 
 
 def run(arguments: argparse.Namespace) -> int:
