@@ -1,9 +1,20 @@
-"""Start-up and shutdown of one persister: database, schema, lock, cursor, then serve."""
+"""Start-up and shutdown of one persister: database, schema, lease, lock, fence, cursor,
+then serve.
+
+With `OMS_PERSISTER_LEADER_LEASE` the persister first takes its shard's etcd lease
+(`/oms/v1/persister/<shard>/leader`; a second instance waits there as a standby)
+and its term becomes the fencing token; otherwise the token is a counter the
+database hands out under the shard's advisory lock. Either way the token is
+claimed in PostgreSQL (`writer_fence`), which then refuses every write
+transaction of an older one.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+from collections.abc import AsyncIterator
 
 import structlog
 
@@ -14,10 +25,16 @@ from persister.settings import PersisterSettings
 from persister.shard_answers import ShardAnswers
 from persister.shard_lock import StopRequestedError, shard_lock
 from persister.store import Store
+from persister.writer_fence import claim
 from services.coordination.addresses import address_source
-from services.serving.service_host import ServiceHost
+from services.coordination.etcd_session import EtcdSession
+from services.coordination.group_keys import GroupKeys
+from services.coordination.leadership import Leadership
+from services.serving.service_host import BackgroundLoop, ServiceHost
+from services.settings import SettingsError
 
 log = structlog.get_logger(__name__)
+LEASE_TTL_S = 2
 
 
 async def serve(settings: PersisterSettings) -> None:
@@ -46,15 +63,56 @@ async def serve(settings: PersisterSettings) -> None:
     try:
         applied = await apply_migrations(store)
         log.info("persister.schema_ready", applied_now=applied)
-        async with shard_lock(store, settings.shard_id, stopping) as lock:
+        async with contextlib.AsyncExitStack() as stack:
+            token: int | None = None
+            loops: list[BackgroundLoop] = []
+            if settings.leader_lease:
+                leadership = await stack.enter_async_context(_leased(settings))
+                token = await _campaign(leadership, stopping)
+                loops.append(leadership.hold)  # LeaseLost stops the service
+            lock = await stack.enter_async_context(shard_lock(store, settings.shard_id, stopping))
+            store.fence = await claim(store, settings.shard_id, token)
             async with store.session() as session:
                 cursor = await read_cursor(session, settings.shard_id)
-            log.info("persister.starting", shard_id=settings.shard_id, cursor=cursor)
+            log.info(
+                "persister.starting",
+                shard_id=settings.shard_id,
+                cursor=cursor,
+                writer_token=store.fence.token,
+            )
             service = PersisterService(settings, store, link, lock, start_position=cursor)
-            await host.run(service.plan())
+            plan = service.plan()
+            plan.loops = [*plan.loops, *loops]
+            await host.run(plan)
     except StopRequestedError:
         log.info("persister.stopped_before_serving", shard_id=settings.shard_id)
     finally:
         await link.close()
         await shard.close()
         await store.close()
+
+
+@contextlib.asynccontextmanager
+async def _leased(settings: PersisterSettings) -> AsyncIterator[Leadership]:
+    if not settings.etcd_endpoints:
+        raise SettingsError("OMS_PERSISTER_LEADER_LEASE needs OMS_ETCD_ENDPOINTS")
+    async with EtcdSession(settings.etcd_endpoints) as session:
+        keys = GroupKeys.of("persister", settings.shard_id)
+        leadership = Leadership(session, keys.leader, settings.listen, ttl_s=LEASE_TTL_S)
+        try:
+            yield leadership
+        finally:
+            await leadership.resign()
+
+
+async def _campaign(leadership: Leadership, stopping: asyncio.Event) -> int:
+    """The term once this persister holds the lease; StopRequestedError if asked to stop."""
+    log.info("persister.standby", key=leadership.key.decode())
+    campaign = asyncio.create_task(leadership.campaign())
+    stop = asyncio.create_task(stopping.wait())
+    await asyncio.wait({campaign, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if not campaign.done():
+        campaign.cancel()
+        raise StopRequestedError("stopped while waiting for the persister's lease")
+    return campaign.result()

@@ -15,6 +15,11 @@ class PersisterSettings:
         help="host:port of the shard, or etcd: its leader as etcd names it",
     )
     etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    leader_lease: bool = setting(
+        env="OMS_PERSISTER_LEADER_LEASE",
+        default=False,
+        help="take the shard's etcd lease before writing; its term is the fencing token",
+    )
     listen: str = setting(env="OMS_PERSISTER_LISTEN", default="127.0.0.1:7301")
     database_url: str = setting(
         env="OMS_DATABASE_URL", default="", help="postgresql:// URL of the system of record"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -96,9 +96,16 @@ class Session:
                 yield
 
 
+class FenceCheck(Protocol):
+    async def check(self, session: Session) -> None: ...
+
+
 class Store:
     def __init__(self, pool: Any) -> None:
         self._pool = pool
+        # Set once this persister claimed its shard (`persister.writer_fence`): every
+        # transaction then first checks that no newer writer has claimed it since.
+        self.fence: FenceCheck | None = None
 
     @classmethod
     async def open(cls, url: str, *, pool_size: int) -> Store:
@@ -135,7 +142,10 @@ class Store:
         """A connection inside one transaction: committed on exit, rolled back on error."""
         with _translated():
             async with self._pool.acquire() as connection, connection.transaction():
-                yield Session(connection)
+                session = Session(connection)
+                if self.fence is not None:
+                    await self.fence.check(session)
+                yield session
 
     async def close(self) -> None:
         with contextlib.suppress(*_TRANSLATED):

@@ -66,10 +66,12 @@ def mesh_children(
         "OMS_ADMIN_API_SECRET": record.admin_api_secret,
     }
     if replicated:
-        # Leader-only by their own leases: a second instance started with the same
-        # settings waits as a hot standby.
+        # Leader-only by their own leases (the persister's term is its fencing token
+        # in PostgreSQL): a second instance started with the same settings waits as
+        # a hot standby.
         environment["OMS_BRIDGE_LEADER_LEASE"] = "1"
         environment["OMS_RECONCILER_LEADER_LEASE"] = "1"
+        environment["OMS_PERSISTER_LEADER_LEASE"] = "1"
     shard_address = environment["OMS_SHARD_ADDRESS"]
     services: list[tuple[str, list[str], dict[str, str]]] = []
     for group in record.matchers:
