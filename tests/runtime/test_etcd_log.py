@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from services.coordination.etcd_session import EtcdSession, prefix_end
 from services.coordination.group_keys import GroupKeys
-from services.runtime.core.counter_machine import CounterMachine, encode_increment
+from services.runtime.core.counter_machine import COMMAND, CounterMachine, encode_increment
 from services.runtime.core.log_batch import LogBatch, encode_batch
-from services.runtime.core.state_machine import EntryKind
+from services.runtime.core.replica import DivergenceError, Replica
+from services.runtime.core.state_machine import ApplyContext, EntryKind
 from services.runtime.errors import LogFencedError
 from services.runtime.etcd_log import EtcdLogStore, read_records
+from services.runtime.log_follower import LogFollower
 from services.runtime.node import NodeSettings, RuntimeNode
 from services.runtime.sequencer import SequencerSettings
 from tests.runtime.node_support import settle
@@ -154,3 +156,55 @@ async def test_a_runtime_node_on_the_etcd_log_recovers_what_it_acknowledged(
     report = await second.recover()
     assert report.applied_position == acknowledged_position
     assert second.replica.machine.state_hash() == acknowledged_hash
+
+
+class SkewedCounterMachine(CounterMachine):
+    """A determinism bug on purpose: key 3 counts double here (on one replica only)."""
+
+    def apply(self, command: bytes, context: ApplyContext) -> Sequence[tuple[int, int | None]]:
+        key, delta = COMMAND.unpack(command)
+        return super().apply(encode_increment(key, delta * 2 if key == 3 else delta), context)
+
+
+async def test_a_follower_that_computes_another_state_stops_with_the_position_and_both_hashes(
+    session: EtcdSession, keys: GroupKeys, tmp_path: Path
+) -> None:
+    term = await lead(session, keys)
+    settings = NodeSettings(
+        data_dir=tmp_path / "leader",
+        checkpoint_interval_entries=10,
+        snapshot_interval_entries=0,
+        sequencer=SequencerSettings(timer_interval_ms=0),
+    )
+    leader: RuntimeNode[tuple[int, int | None]] = RuntimeNode(
+        CounterMachine(), settings, log_store=EtcdLogStore(session, keys, term)
+    )
+    await leader.recover()
+    honest = Replica(CounterMachine(), checkpoint_interval_entries=10)
+    skewed = Replica(SkewedCounterMachine(), checkpoint_interval_entries=10)
+    followers = [LogFollower(session, keys, replica) for replica in (honest, skewed)]
+    following = [asyncio.create_task(follower.run()) for follower in followers]
+    task = asyncio.create_task(leader.run())
+    try:
+        for n in range(30):  # keys 0..2 only: every replica agrees so far
+            await settle(leader.sequencer.submit_many([encode_increment(n % 3, 1)] * 3), task)
+        for n in range(30):
+            await settle(leader.sequencer.submit_many([encode_increment(n % 4, 1)] * 3), task)
+        done, _ = await asyncio.wait({following[1]}, timeout=10)
+        assert done, "the skewed follower never noticed"
+        with pytest.raises(DivergenceError) as raised:
+            following[1].result()
+        text = str(raised.value)
+        assert "on the leader" in text and "state hash at position" in text
+        # The honest follower keeps up, verifying the same checkpoints.
+        deadline = asyncio.get_running_loop().time() + 10
+        while honest.applied_position < leader.replica.applied_position:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert honest.checkpoints_verified > 0
+        assert honest.machine.state_hash() == leader.replica.machine.state_hash()
+    finally:
+        for running in following:
+            running.cancel()
+        leader.stop()
+        await asyncio.wait({task, *following}, timeout=10)
