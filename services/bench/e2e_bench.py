@@ -18,6 +18,10 @@ carries fills, settlement and write-behind, and the book stays small. Rate 0
 means "as fast as it goes". In the same run and on the same PostgreSQL, the
 row-lock baseline admits orders with one `SELECT … FOR UPDATE; UPDATE; INSERT`
 transaction each; the ratio is printed.
+
+`--replicas 1,3` runs the same phases on a mesh of each replica count in turn (the
+shard and each matcher group as one replica on a file log, then three over logs in
+etcd), one table each, CPU summed over all replicas of a service.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ PLACE_METHOD = "/oms.v1.OrderGateway/PlaceOrder"
 TRADE_METHOD = "/oms.v1.OrderGateway/Trade"
 FUNDS_USDT = 10**15
 FUNDS_BTC = 10**13
-REFUSALS: Counter[str] = Counter()  # refused orders by reason, over the whole run
+REFUSALS: Counter[str] = Counter()  # refused orders by reason, over one mesh's phases
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--users", type=int, default=64, help="funded whale-tier users")
     parser.add_argument("--baseline-clients", type=int, default=16)
     parser.add_argument("--state-dir", type=Path, default=None, help="default: a temporary one")
+    parser.add_argument(
+        "--replicas",
+        default="1",
+        help="replica counts to measure in turn, e.g. 1,3 (each its own mesh)",
+    )
 
 
 @dataclass(frozen=True)
@@ -104,16 +113,37 @@ def run(arguments: argparse.Namespace) -> int:
 
 
 def _run_in(state_dir: Path, arguments: argparse.Namespace) -> int:
-    print(f"starting the mesh under {state_dir} ...", flush=True)
-    with LaunchedMesh(state_dir) as mesh:
-        assert mesh.record is not None
-        results = uvloop.run(_measure(mesh, arguments))
-        baseline = uvloop.run(
-            run_baseline(
-                mesh.database_url, clients=arguments.baseline_clients, seconds=arguments.seconds
-            )
+    counts = [int(part) for part in str(arguments.replicas).split(",") if part.strip()]
+    measured: list[tuple[int, list[PhaseResult], Counter[str]]] = []
+    baseline = None
+    for replicas in counts:
+        folder = state_dir / f"replicas-{replicas}" if len(counts) > 1 else state_dir
+        print(f"starting the mesh ({replicas} replica(s)) under {folder} ...", flush=True)
+        with LaunchedMesh(folder, replicas=replicas) as mesh:
+            assert mesh.record is not None
+            REFUSALS.clear()
+            results = uvloop.run(_measure(mesh, arguments))
+            measured.append((replicas, results, Counter(REFUSALS)))
+            if baseline is None:
+                baseline = uvloop.run(
+                    run_baseline(
+                        mesh.database_url,
+                        clients=arguments.baseline_clients,
+                        seconds=arguments.seconds,
+                    )
+                )
+    assert baseline is not None
+    for replicas, results, refusals in measured:
+        if len(counts) > 1:
+            print(f"\n=== {replicas} replica(s) of the shard and of each matcher group ===")
+        _report(
+            results,
+            refusals,
+            baseline_per_s=baseline.orders_per_s,
+            baseline_p50_ms=baseline.p50_ms,
+            baseline_p99_ms=baseline.p99_ms,
+            arguments=arguments,
         )
-    _report(results, baseline.orders_per_s, baseline.p50_ms, baseline.p99_ms, arguments)
     return 0
 
 
@@ -343,6 +373,8 @@ def _line(result: PhaseResult) -> str:
 
 def _report(
     results: Sequence[PhaseResult],
+    refusals: Counter[str],
+    *,
     baseline_per_s: float,
     baseline_p50_ms: float,
     baseline_p99_ms: float,
@@ -364,8 +396,8 @@ def _report(
             f"{result.api:<8}{offered:>9}"
             + "".join(f"{result.cpu_us_per_order.get(name, 0.0):>12,.0f}" for name in names)
         )
-    if REFUSALS:
-        print("refused by reason: " + ", ".join(f"{k} {v:,}" for k, v in REFUSALS.most_common()))
+    if refusals:
+        print("refused by reason: " + ", ".join(f"{k} {v:,}" for k, v in refusals.most_common()))
     print()
     print(
         f"{'baseline':<8}{'max':>9}{baseline_per_s:>12,.0f}{baseline_p50_ms:>9.2f}"

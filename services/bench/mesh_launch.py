@@ -30,8 +30,9 @@ class MeshLaunchError(RuntimeError):
 
 
 class LaunchedMesh:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, replicas: int = 1) -> None:
         self.state_dir = state_dir
+        self.replicas = replicas  # of the shard and of each matcher group (`oms up --replicas`)
         self.log_path = state_dir / "mesh.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.record: MeshRecord | None = None
@@ -53,6 +54,8 @@ class LaunchedMesh:
                     "up",
                     "--state-dir",
                     str(self.state_dir),
+                    "--replicas",
+                    str(self.replicas),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -75,14 +78,16 @@ class LaunchedMesh:
                     f"mesh not serving in {START_TIMEOUT_S:g} s; see {self.log_path}"
                 )
             record = read_mesh_record(self.state_dir)
+            # Every replica serves health, followers too: all of them up, then the
+            # gateway still waits for the leaders through etcd on the first orders.
             if record is not None and all(
                 _serving(address)
                 for address in (
                     record.gateway,
-                    record.shard,
+                    *record.shard_replicas(),
                     record.persister,
                     record.bridge,
-                    *record.matchers.values(),
+                    *(a for group in record.matchers for a in record.matcher_replicas(group)),
                 )
             ):
                 self.record = record
