@@ -65,6 +65,7 @@ def build_host(settings: MatcherServiceSettings) -> RuntimeHost[MatcherEgress]:
         NodeSettings(
             data_dir=settings.data_dir,
             snapshot_interval_entries=settings.snapshot_interval_entries,
+            checkpoint_interval_entries=settings.checkpoint_interval_entries,
             sequencer=SequencerSettings(timer_interval_ms=settings.timer_interval_ms),
         ),
     )

@@ -23,6 +23,11 @@ class MatcherServiceSettings:
     dedup_horizon_ms: int = setting(env="OMS_MATCHER_DEDUP_HORIZON_MS", default=600_000)
     retained_events_per_shard: int = setting(env="OMS_MATCHER_RETAINED_EVENTS", default=100_000)
     snapshot_interval_entries: int = setting(env="OMS_MATCHER_SNAPSHOT_ENTRIES", default=200_000)
+    checkpoint_interval_entries: int = setting(
+        env="OMS_MATCHER_CHECKPOINT_ENTRIES",
+        default=10_000,
+        help="entries between two logged state hashes (checked by replays and followers)",
+    )
     timer_interval_ms: int = setting(env="OMS_MATCHER_TIMER_MS", default=50)
     max_inflight_batches: int = setting(
         env="OMS_MATCHER_MAX_INFLIGHT", default=64, help="per Execute stream"

@@ -227,6 +227,12 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             "prefix": self.replication.keys.prefix.decode(),
             # At applied_position; equal positions on two replicas must mean equal hashes.
             "state_hash": replica.machine.state_hash().hex(),
+            # Every checkpoint hash this replica computed lately, "position:hash" each:
+            # replicas that share a position must share its hash (followers check the
+            # leader's logged ones themselves; this lets an operator compare any two).
+            "checkpoints": ",".join(
+                f"{position}:{digest.hex()}" for position, digest in replica.recorded_hashes()
+            ),
         }
         return counters, info
 

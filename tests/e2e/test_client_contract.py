@@ -153,7 +153,13 @@ def _check_answers_in_time(load: StreamLoad) -> None:
 
 
 async def audit_after_load(mesh: FullMesh, load: StreamLoad) -> None:
-    address = mesh.gateway.address
+    order_ids = await audit_accounts(mesh.gateway.address, load)
+    await check_full_mesh(mesh, order_ids)
+
+
+async def audit_accounts(address: str, load: StreamLoad) -> list[str]:
+    """Every user's orders and money from the public API, once the load is over; the
+    accepted order ids."""
     order_ids: list[str] = []
     for user in load.users:
         async with user.account.client(address) as client:
@@ -169,7 +175,7 @@ async def audit_after_load(mesh: FullMesh, load: StreamLoad) -> None:
         sequences = sorted(int(order_id.rsplit(":", 1)[1]) for order_id in accepted)
         assert sequences == list(range(1, len(accepted) + 1)), f"user {user.account.user_id}"
         order_ids += accepted
-    await check_full_mesh(mesh, order_ids)
+    return order_ids
 
 
 async def _check_found(client: OmsClient, ack: gateway_pb2.OrderAck) -> None:

@@ -3,7 +3,6 @@ Ctrl-C stops everything cleanly."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import signal
@@ -13,13 +12,15 @@ import threading
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 from services.infra.local_infra import LocalInfra, ServerState
-from services.mesh.mesh_record import read_mesh_record
-from tests.databases import drop_database, fresh_database
-from tests.replication.replica_set import status_of
+from tests.replication.replicated_mesh import (
+    ReplicatedMesh,
+    kill_replica,
+    leader_of,
+    wait_new_term,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,28 +100,6 @@ def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path
         LocalInfra(state_dir).down()
 
 
-def _leader_of(addresses: list[str]) -> tuple[str, int]:
-    """The leading replica's address and term."""
-    for address in addresses:
-        try:
-            status = status_of(address)
-        except grpc.RpcError:
-            continue
-        if status.leading:
-            return address, status.term
-    raise AssertionError(f"none of {addresses} leads")
-
-
-def _wait_new_term(addresses: list[str], old_term: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(AssertionError):
-            if _leader_of(addresses)[1] > old_term:
-                return
-        assert time.monotonic() < deadline, f"no term after {old_term} among {addresses}"
-        time.sleep(0.1)
-
-
 def _demo(state_dir: Path, environment: dict[str, str]) -> None:
     demo = subprocess.run(
         [sys.executable, "-m", "services.command_line", "demo", "--state-dir", str(state_dir)],
@@ -145,38 +124,14 @@ def test_oms_up_with_three_replicas_trades_through_the_leaders_kills(
     restarts them as followers, new leaders are elected, every service finds them in
     etcd, and the demo trades again."""
     state_dir = tmp_path / "state"
-    own_database = fresh_database(database_url)
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    environment["OMS_ETCD_ENDPOINTS"] = ",".join(etcd_endpoints)
-    environment["OMS_DATABASE_URL"] = own_database
-    command = [sys.executable, "-m", "services.command_line", "up", "--replicas", "3"]
-    process = subprocess.Popen(
-        [*command, "--state-dir", str(state_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=environment,
-        cwd=ROOT,
-    )
-    seen: list[str] = []
-    try:
-        lines = _lines(process)
-        _wait_for(lines, "[mesh] all services serving", seen, 120)
-        _demo(state_dir, environment)
-        record = read_mesh_record(state_dir)
-        assert record is not None and record.replicas == 3
-        shard_leader = _leader_of(record.shard_replicas())
-        matcher_leader = _leader_of(record.matcher_replicas("g1"))
-        for address, _ in (shard_leader, matcher_leader):
-            pattern = f"listen {address}"
-            assert subprocess.run(["pkill", "-9", "-f", pattern], check=False).returncode == 0
-        _wait_new_term(record.shard_replicas(), shard_leader[1])
-        _wait_new_term(record.matcher_replicas("g1"), matcher_leader[1])
-        _demo(state_dir, environment)
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        drop_database(database_url, own_database)
+    with ReplicatedMesh(state_dir, etcd_endpoints, database_url) as mesh:
+        _demo(state_dir, mesh.environment)
+        record = mesh.record
+        groups = (record.shard_replicas(), record.matcher_replicas("g1"))
+        terms = [leader_of(replicas) for replicas in groups]
+        for address, _ in terms:
+            kill_replica(address)
+        for replicas, (_, term) in zip(groups, terms, strict=True):
+            wait_new_term(replicas, term)
+        _demo(state_dir, mesh.environment)
+        assert mesh.stop() == 0

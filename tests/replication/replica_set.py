@@ -39,6 +39,7 @@ class ReplicaStatus:
     records_followed: int
     state_hash: str
     leader: str
+    checkpoints: str = ""  # "position:hash,..." as the replica reports them
 
 
 def status_of(address: str, timeout_s: float = 2.0) -> ReplicaStatus:
@@ -56,6 +57,7 @@ def status_of(address: str, timeout_s: float = 2.0) -> ReplicaStatus:
         records_followed=counters["records_followed"],
         state_hash=report.info["state_hash"],
         leader=report.info["leader"],
+        checkpoints=report.info.get("checkpoints", ""),
     )
 
 
@@ -103,6 +105,20 @@ class ReplicaSet:
 
     def running(self) -> list[ReplicaProcess]:
         return [replica for replica in self.replicas if replica.running()]
+
+    def restart_exited(self) -> list[ReplicaProcess]:
+        """Start again every replica whose process ended, as its supervisor would (a
+        replica is crash-only: it ends when it can no longer lead, or cannot reach
+        etcd at its start); the ones restarted. It does not wait for them to serve
+        (`wait_serving`)."""
+        exited = [
+            replica
+            for replica in self.replicas
+            if replica.process is not None and not replica.running()
+        ]
+        for replica in exited:
+            replica.start()
+        return exited
 
     def statuses(self) -> dict[ReplicaProcess, ReplicaStatus]:
         found = {}
