@@ -112,6 +112,9 @@ async def test_a_leader_stopped_past_its_lease_is_fenced_and_leaves(
             assert time.monotonic() < deadline, leader.log_tail()
             await asyncio.sleep(0.05)
         assert leader.process is not None and leader.process.returncode != 0
+        # Why it ended: its lease was found gone, or its next append was refused.
+        tail = leader.log_tail(60)
+        assert "leadership.lost" in tail or "LogFencedError" in tail, tail
         await asyncio.to_thread(leader.start_serving)
         await load.wait_successes(300)
     finally:
