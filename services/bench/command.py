@@ -24,6 +24,11 @@ TARGETS: dict[str, tuple[str, str]] = {
         "services.bench.e2e_bench",
         "orders/s and ack latency through the whole mesh vs the row-lock baseline",
     ),
+    "failover": (
+        "services.bench.failover_bench",
+        "seconds from SIGKILL of a shard's or matcher group's leader to its successor's "
+        "first acknowledged command",
+    ),
 }
 
 
