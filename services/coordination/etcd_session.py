@@ -168,8 +168,12 @@ class EtcdSession:
         puts: Sequence[tuple[bytes, bytes]] = (),
         deletes: Sequence[tuple[bytes, bytes]] = (),
         lease: int = 0,
+        timeout_s: float | None = None,
     ) -> bool:
-        """Put and delete (ranges [start, end)) only if every guard holds; whether they did."""
+        """Put and delete (ranges [start, end)) only if every guard holds; whether they did.
+
+        `timeout_s` (default: the session's) bounds this one request: a caller that can
+        retry safely gives up sooner on a request that went to a member that died."""
         await self._ready()
         compares = []
         for guard in guards:
@@ -190,7 +194,7 @@ class EtcdSession:
         ]
         request = rpc.TxnRequest(compare=compares, success=operations)
         with _translated():
-            response = await self._kv.Txn(request, timeout=self.timeout_s)
+            response = await self._kv.Txn(request, timeout=timeout_s or self.timeout_s)
         self._seen(response.header)
         return bool(response.succeeded)
 

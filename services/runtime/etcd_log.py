@@ -47,6 +47,7 @@ MANIFEST = b"M"
 _MANIFEST = struct.Struct("<II")  # chunk count, total bytes
 READ_PAGE = 64  # records per range read
 APPEND_RETRY_S = 0.05
+ATTEMPT_TIMEOUT_S = 1.5  # etcd elects a new leader in about 1 s (election timeout)
 ABSENT = 0  # a guard's create revision for "this key does not exist"
 
 
@@ -196,12 +197,18 @@ class EtcdLogStore:
 
     async def _put_new(self, key: bytes, value: bytes) -> None:
         """Put `key`, guarded by the term and by `key` being absent; retried while etcd
-        does not answer, for at most `append_timeout_s`."""
+        does not answer, for at most `append_timeout_s`.
+
+        Each attempt gets at most `ATTEMPT_TIMEOUT_S`: a request that reached a member
+        just as etcd's leader died is forwarded to the dead leader and never answered,
+        while a new etcd leader is elected in about a second. Retrying is safe: the
+        key's absence is part of the guard, and a failed guard reads the key back."""
         deadline = time.monotonic() + self.append_timeout_s
         while True:
+            attempt_s = max(0.05, min(ATTEMPT_TIMEOUT_S, deadline - time.monotonic()))
             try:
                 if await self.session.transaction(
-                    (self._fence, Guard(key, ABSENT)), puts=((key, value),)
+                    (self._fence, Guard(key, ABSENT)), puts=((key, value),), timeout_s=attempt_s
                 ):
                     return
                 # A guard failed: our own earlier attempt committed, or the term is over.

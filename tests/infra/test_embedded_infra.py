@@ -19,8 +19,9 @@ import aetcd
 import asyncpg
 import pytest
 
+from services.coordination.etcd_session import EtcdSession
 from services.infra import command
-from services.infra.embedded_etcd import EmbeddedEtcd
+from services.infra.embedded_etcd import EmbeddedEtcd, EmbeddedEtcdCluster
 from services.infra.embedded_postgres import EmbeddedPostgres
 from services.infra.errors import InfraError, PortTakenError
 from services.infra.local_infra import InfraEndpoints, LocalInfra, ServerState
@@ -183,6 +184,50 @@ def test_etcd_not_ready_by_its_deadline_is_stopped_and_reported(tmp_path: Path) 
         etcd.start()
     assert etcd.pid is not None
     assert not pid_is_running(etcd.pid)
+
+
+def _elected(cluster: EmbeddedEtcdCluster, other_than: EmbeddedEtcd | None = None) -> EmbeddedEtcd:
+    deadline = time.monotonic() + 10.0
+    while (leader := cluster.leader()) is None or leader is other_than:
+        assert time.monotonic() < deadline, "no etcd leader elected"
+        time.sleep(0.05)
+    return leader
+
+
+async def test_an_etcd_cluster_keeps_serving_without_a_killed_member_which_rejoins(
+    tmp_path: Path,
+) -> None:
+    with EmbeddedEtcdCluster(tmp_path / "etcd", unsafe_no_fsync=True) as cluster:
+        endpoints = cluster.endpoints
+        assert len(set(endpoints)) == 3
+        leader = _elected(cluster)
+        pid = leader.pid
+        assert pid is not None
+        leader.kill()
+        assert not pid_is_running(pid)
+        _elected(cluster, other_than=leader)
+        async with EtcdSession(endpoints) as session:
+            await session.put(b"/written", b"while a member was down")
+        leader.start()
+        assert cluster.endpoints == endpoints  # the same ports, the same folder
+        # Read from the restarted member alone: it caught up from its peers.
+        async with EtcdSession((leader.endpoint,)) as session:
+            written = await session.get(b"/written")
+        assert written is not None and written.value == b"while a member was down"
+        pids = [member.pid for member in cluster.members]
+    assert not any(pid is not None and pid_is_running(pid) for pid in pids)
+
+
+def test_an_etcd_cluster_whose_picked_port_is_taken_starts_on_others(tmp_path: Path) -> None:
+    cluster = EmbeddedEtcdCluster(tmp_path / "etcd", unsafe_no_fsync=True)
+    taken = cluster.members[1].peer_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind((LOOPBACK, taken))
+        holder.listen()
+        with cluster:
+            ports = {port for m in cluster.members for port in (m.client_port, m.peer_port)}
+            assert taken not in ports and len(ports) == 6
+            _elected(cluster)
 
 
 def test_etcd_refuses_a_data_folder_another_etcd_holds(tmp_path: Path) -> None:
