@@ -109,8 +109,8 @@ class ShardLink:
     ) -> None:
         # A fixed address, or the shard's leader as etcd names it: resolved at every
         # connection attempt, so a failover is followed by the next attempt.
-        self._source = FixedAddress(address) if isinstance(address, str) else address
-        self.address = self._source.describe()
+        self.source = FixedAddress(address) if isinstance(address, str) else address
+        self.address = self.source.describe()
         self._channel_address = ""
         self.linger_s = linger_s
         self.max_queued = max_queued
@@ -334,7 +334,7 @@ class ShardLink:
         """Run one stream until it ends; the reason it ended."""
         self._was_ready = False
         try:
-            address = await self._source.resolve()
+            address = await self.source.resolve()
         except CoordinationUnavailable as error:
             return f"no address: {error}"
         if self._channel is None or address != self._channel_address:

@@ -75,19 +75,8 @@ def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path
         _wait_for(lines, "[mesh] all services serving", seen, 90)
         running = {status.name: status.state for status in LocalInfra(state_dir).status()}
         assert running == {"etcd": ServerState.RUNNING, "postgres": ServerState.RUNNING}
-        demo = subprocess.run(
-            [sys.executable, "-m", "services.command_line", "demo", "--state-dir", str(state_dir)],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=environment,
-            cwd=ROOT,
-            timeout=120,
-        )
-        assert demo.returncode == 0, demo.stdout + demo.stderr
-        assert "alice   update ORDER_STATUS_FILLED" in demo.stdout, demo.stdout
-        assert "USDT  total           80,461.00 USDT" in demo.stdout, demo.stdout
-        assert "bob     update ORDER_STATUS_CANCELLED" in demo.stdout, demo.stdout
+        shown = _demo(state_dir, environment)
+        assert "USDT  total           80,461.00 USDT" in shown, shown
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
         _wait_for(lines, "[mesh] stopped", seen, 10)
@@ -100,7 +89,8 @@ def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path
         LocalInfra(state_dir).down()
 
 
-def _demo(state_dir: Path, environment: dict[str, str]) -> None:
+def _demo(state_dir: Path, environment: dict[str, str]) -> str:
+    """`oms demo` against the mesh of `state_dir`, checked; what it printed."""
     demo = subprocess.run(
         [sys.executable, "-m", "services.command_line", "demo", "--state-dir", str(state_dir)],
         check=False,
@@ -113,6 +103,7 @@ def _demo(state_dir: Path, environment: dict[str, str]) -> None:
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "alice   update ORDER_STATUS_FILLED" in demo.stdout, demo.stdout
     assert "bob     update ORDER_STATUS_CANCELLED" in demo.stdout, demo.stdout
+    return demo.stdout
 
 
 @pytest.mark.slow

@@ -21,8 +21,8 @@ import pytest
 from services.clients.shard_link import ShardLink
 from services.coordination.addresses import LeaderAddress
 from tests.replication.replica_set import LEASE_TTL_S, ReplicaSet, status_of
-from tests.shard_service.deposit_load import DepositLoad
-from tests.shard_service.shard_client import USDT, ShardClient, balance, hydrate
+from tests.shard_service.deposit_load import DepositLoad, start_deposit_load, stop_deposit_load
+from tests.shard_service.shard_client import USDT, ShardClient, balance
 from tests.shard_service.shard_process import aio_channel
 
 pytestmark = pytest.mark.slow
@@ -35,19 +35,15 @@ SERVE_AGAIN_S = LEASE_TTL_S + 6.0
 async def _started_load(
     replicas: ReplicaSet,
 ) -> tuple[ShardLink, DepositLoad, asyncio.Task[None]]:
-    link = ShardLink(LeaderAddress(replicas.etcd_endpoints, "shard", replicas.shard_id))
-    users = range(1, USERS + 1)
-    await link.send([hydrate(user_id) for user_id in users])
-    await link.wait_ready(10)
-    load = DepositLoad(link, users)
-    return link, load, asyncio.create_task(load.run())
+    leader = LeaderAddress(replicas.etcd_endpoints, "shard", replicas.shard_id)
+    link = ShardLink(leader)
+    load, running = await start_deposit_load(link, range(1, USERS + 1))
+    return link, load, running
 
 
 async def _finish(link: ShardLink, load: DepositLoad, running: asyncio.Task[None]) -> None:
-    load.stop.set()
-    await asyncio.wait_for(running, 60)
-    await link.close()
-    await link._source.close()
+    await stop_deposit_load(load, running)
+    await link.source.close()  # the link does not close a source it was given
 
 
 async def _check(replicas: ReplicaSet, load: DepositLoad) -> None:

@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from services.clients.shard_link import ShardLink, ShardUnavailableError
-from tests.shard_service.shard_client import deposit
+from tests.shard_service.shard_client import deposit, hydrate
 
 TIMEOUT_S = 2.0
 PAUSE_S = 0.025  # per caller: 16 callers, about 600 commands/s in all
@@ -75,3 +75,20 @@ class DepositLoad:
         self.answers[kind] += 1
         self.slowest_answer_s = max(self.slowest_answer_s, time.monotonic() - started)
         self.max_queued = max(self.max_queued, self.link.statistics().queued)
+
+
+async def start_deposit_load(
+    link: ShardLink, users: range
+) -> tuple[DepositLoad, asyncio.Task[None]]:
+    """Hydrate `users`, wait for the link, and start the load."""
+    await link.send([hydrate(user_id) for user_id in users])
+    await link.wait_ready(10)
+    load = DepositLoad(link, users)
+    return load, asyncio.create_task(load.run())
+
+
+async def stop_deposit_load(load: DepositLoad, running: asyncio.Task[None]) -> None:
+    """Stop the callers (each finishes its transfer) and close the link."""
+    load.stop.set()
+    await asyncio.wait_for(running, 60)
+    await load.link.close()

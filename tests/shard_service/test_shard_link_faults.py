@@ -20,8 +20,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from services.clients.shard_link import LinkState, ShardLink
-from tests.shard_service.deposit_load import TIMEOUT_S, DepositLoad
-from tests.shard_service.shard_client import USDT, ShardClient, balance, hydrate
+from tests.shard_service.deposit_load import (
+    TIMEOUT_S,
+    DepositLoad,
+    start_deposit_load,
+    stop_deposit_load,
+)
+from tests.shard_service.shard_client import USDT, ShardClient, balance
 from tests.shard_service.shard_process import ShardProcess, aio_channel
 
 pytestmark = pytest.mark.slow
@@ -33,17 +38,12 @@ SERVE_AGAIN_S = 5.0
 
 async def _started_load(process: ShardProcess) -> tuple[ShardLink, DepositLoad, asyncio.Task[None]]:
     link = ShardLink(process.address)
-    users = range(1, USERS + 1)
-    await link.send([hydrate(user_id) for user_id in users])
-    await link.wait_ready(10)
-    load = DepositLoad(link, users)
-    return link, load, asyncio.create_task(load.run())
+    load, running = await start_deposit_load(link, range(1, USERS + 1))
+    return link, load, running
 
 
 async def _finish(link: ShardLink, load: DepositLoad, running: asyncio.Task[None]) -> None:
-    load.stop.set()
-    await asyncio.wait_for(running, 60)
-    await link.close()
+    await stop_deposit_load(load, running)
 
 
 async def _check_exactly_once(process: ShardProcess, load: DepositLoad) -> None:
