@@ -108,14 +108,14 @@ def _demo(state_dir: Path, environment: dict[str, str]) -> str:
 
 @pytest.mark.slow
 def test_oms_up_with_three_replicas_trades_through_the_leaders_kills(
-    tmp_path: Path, etcd_endpoints: tuple[str, ...], database_url: str
+    tmp_path: Path, database_url: str
 ) -> None:
-    """`oms up --replicas 3` on the session's etcd and a database of its own: the demo
+    """`oms up --replicas 3` on an etcd and a database of its own: the demo
     trades; the shard's and a matcher group's leaders are killed; the supervisor
     restarts them as followers, new leaders are elected, every service finds them in
     etcd, and the demo trades again."""
     state_dir = tmp_path / "state"
-    with ReplicatedMesh(state_dir, etcd_endpoints, database_url) as mesh:
+    with ReplicatedMesh(state_dir, database_url) as mesh:
         _demo(state_dir, mesh.environment)
         record = mesh.record
         groups = (record.shard_replicas(), record.matcher_replicas("g1"))

@@ -1,6 +1,10 @@
 """`oms up --replicas 3` as a test harness: the replicated mesh exactly as a developer
 runs it (supervised children; three replicas of the shard and of each matcher group
-over logs in etcd), on the test session's etcd and a database of its own.
+over logs in etcd), on an etcd and a database of its own.
+
+Its own etcd, not the session's: `oms up` names its groups alike every time (shard
+s1, matchers g1 and g2), so a second replicated mesh on one etcd would recover the
+first one's logs (keys under /oms/v1/shard/s1/) beside its fresh database.
 
 Everything is found through `state_dir/mesh.json`; a group's leader through the
 replicas' `oms.v1.Status`. Stopping sends SIGINT like Ctrl-C, and always reaps.
@@ -22,6 +26,7 @@ from typing import Self
 
 import grpc
 
+from services.infra.embedded_etcd import EmbeddedEtcd
 from services.mesh.mesh_record import MeshRecord, read_mesh_record
 from tests.databases import drop_database, fresh_database
 from tests.replication.replica_set import ReplicaStatus, status_of
@@ -32,21 +37,14 @@ START_TIMEOUT_S = 120.0
 
 class ReplicatedMesh:
     def __init__(
-        self,
-        state_dir: Path,
-        etcd_endpoints: tuple[str, ...],
-        server_url: str,
-        environment: dict[str, str] | None = None,
+        self, state_dir: Path, server_url: str, environment: dict[str, str] | None = None
     ) -> None:
         self.state_dir = state_dir
         self.server_url = server_url
         self.database_url = ""
-        self.environment = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "OMS_ETCD_ENDPOINTS": ",".join(etcd_endpoints),
-            **(environment or {}),
-        }
+        # No fsync: the data dies with the test.
+        self.etcd = EmbeddedEtcd(state_dir.parent / "etcd", unsafe_no_fsync=True)
+        self.environment = {**os.environ, "PYTHONPATH": str(ROOT), **(environment or {})}
         self.process: subprocess.Popen[str] | None = None
         self.output: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -58,19 +56,21 @@ class ReplicatedMesh:
         return record
 
     def __enter__(self) -> Self:
-        self.database_url = fresh_database(self.server_url)
-        self.environment["OMS_DATABASE_URL"] = self.database_url
-        command = [sys.executable, "-m", "services.command_line", "up", "--replicas", "3"]
-        self.process = subprocess.Popen(
-            [*command, "--state-dir", str(self.state_dir)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=self.environment,
-            cwd=ROOT,
-        )
-        threading.Thread(target=self._pump, daemon=True).start()
         try:
+            self.etcd.start()
+            self.environment["OMS_ETCD_ENDPOINTS"] = self.etcd.endpoint
+            self.database_url = fresh_database(self.server_url)
+            self.environment["OMS_DATABASE_URL"] = self.database_url
+            command = [sys.executable, "-m", "services.command_line", "up", "--replicas", "3"]
+            self.process = subprocess.Popen(
+                [*command, "--state-dir", str(self.state_dir)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=self.environment,
+                cwd=ROOT,
+            )
+            threading.Thread(target=self._pump, daemon=True).start()
             self.wait_printed("[mesh] all services serving", START_TIMEOUT_S)
         except BaseException:
             self.__exit__(None, None, None)
@@ -116,6 +116,7 @@ class ReplicatedMesh:
                 process.wait()
         if self.database_url:
             drop_database(self.server_url, self.database_url)
+        self.etcd.stop()
 
 
 def statuses(addresses: list[str]) -> dict[str, ReplicaStatus]:

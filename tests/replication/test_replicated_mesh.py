@@ -46,10 +46,8 @@ OFTEN = {"OMS_SHARD_CHECKPOINT_ENTRIES": "64", "OMS_MATCHER_CHECKPOINT_ENTRIES":
 
 
 @pytest.fixture
-def mesh(
-    tmp_path: Path, etcd_endpoints: tuple[str, ...], database_url: str
-) -> Iterator[ReplicatedMesh]:
-    with ReplicatedMesh(tmp_path / "state", etcd_endpoints, database_url, OFTEN) as running:
+def mesh(tmp_path: Path, database_url: str) -> Iterator[ReplicatedMesh]:
+    with ReplicatedMesh(tmp_path / "state", database_url, OFTEN) as running:
         yield running
 
 
