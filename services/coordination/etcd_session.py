@@ -272,3 +272,38 @@ class EtcdSession:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(watch.cancel())
+
+
+class BlockingLeaseRenewer:
+    """Renews one lease over a blocking gRPC channel of its own, for a thread of its own.
+
+    A leader's event loop can be busy for longer than a lease's TTL under overload
+    (large batches applied, egress encoded); a keep-alive that waits for that loop
+    would let the lease lapse and depose a leader that is working. A thread with a
+    blocking call (which releases the GIL while it waits) renews on time whatever
+    the loop does; the appends stay fenced either way, so this only decides how
+    soon a dead or stopped leader is replaced, never who may write.
+    """
+
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float) -> None:
+        host, port = _target(endpoints)
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(
+            f"{host}:{port}", options=list(_CHANNEL_OPTIONS.items())
+        )
+        self._stub = rpc.LeaseStub(self._channel)
+
+    def keep_alive(self, lease_id: int) -> int:
+        """Renew the lease; its remaining TTL in seconds (0 or less: it is gone)."""
+        try:
+            replies = self._stub.LeaseKeepAlive(
+                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=self.timeout_s
+            )
+            for reply in replies:
+                return int(reply.TTL)
+        except grpc.RpcError as error:
+            raise _unavailable(error) from error
+        return 0
+
+    def close(self) -> None:
+        self._channel.close()

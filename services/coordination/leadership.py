@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
 from services.coordination.errors import CoordinationError, CoordinationUnavailable, LeaseLost
-from services.coordination.etcd_session import EtcdSession
+from services.coordination.etcd_session import BlockingLeaseRenewer, EtcdSession
 
 log = structlog.get_logger(__name__)
 RETRY_S = 0.1
@@ -89,25 +91,58 @@ class Leadership:
             return  # unavailable, or the history compacted: look again
 
     async def hold(self) -> None:
-        """Keep the lease alive; raise `LeaseLost` once it is, or may be, gone."""
+        """Keep the lease alive; raise `LeaseLost` once it is, or may be, gone.
+
+        The renewals run in a thread of their own (`BlockingLeaseRenewer`): a leader
+        whose event loop is saturated keeps its lease as long as the process lives."""
         if not self.lease:
             raise LeaseLost("no lease held: campaign first")
+        loop = asyncio.get_running_loop()
+        lost: asyncio.Future[str] = loop.create_future()
+        stopping = threading.Event()
+
+        def report(why: str) -> None:
+            def settle() -> None:
+                if not lost.done():
+                    lost.set_result(why)
+
+            loop.call_soon_threadsafe(settle)
+
+        keeper = threading.Thread(
+            target=self._renew,
+            args=(self.lease, stopping, report),
+            name="lease-keeper",
+            daemon=True,
+        )
+        keeper.start()
+        try:
+            why = await lost
+        finally:
+            stopping.set()
+        self._lose(why)
+
+    def _renew(self, lease: int, stopping: threading.Event, report: Callable[[str], None]) -> None:
+        """The keeper thread: renew every third of the TTL until stopped or lost."""
         interval_s = self.ttl_s / 3
-        while True:
-            await asyncio.sleep(interval_s)
-            sent_at = time.monotonic()
-            try:
-                remaining = await asyncio.wait_for(
-                    self.session.keep_alive(self.lease), timeout=interval_s
-                )
-            except (CoordinationUnavailable, TimeoutError) as error:
-                if time.monotonic() - self._renewed_at >= self.ttl_s:
-                    self._lose(f"no keep-alive for {self.ttl_s} s: {error}")
-                continue
-            if remaining <= 0:
-                self._lose("etcd says the lease is gone")
-            # Counted from when the keep-alive was sent: etcd renewed it no earlier.
-            self._renewed_at = sent_at
+        renewer = BlockingLeaseRenewer(self.session.endpoints, timeout_s=interval_s)
+        renewed_at = self._renewed_at
+        try:
+            while not stopping.wait(interval_s):
+                sent_at = time.monotonic()
+                try:
+                    remaining = renewer.keep_alive(lease)
+                except CoordinationUnavailable as error:
+                    if time.monotonic() - renewed_at >= self.ttl_s:
+                        report(f"no keep-alive for {self.ttl_s} s: {error}")
+                        return
+                    continue
+                if remaining <= 0:
+                    report("etcd says the lease is gone")
+                    return
+                # Counted from when the keep-alive was sent: etcd renewed it no earlier.
+                renewed_at = sent_at
+        finally:
+            renewer.close()
 
     def _lose(self, why: str) -> None:
         self.lost.set()
