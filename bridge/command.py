@@ -11,6 +11,7 @@ import uvloop
 from bridge.service import BridgeService
 from bridge.settings import BridgeSettings
 from services.clients.matcher_directory import MatcherDirectory
+from services.coordination.writer_tokens import WriterCredential
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing, tracing_enabled
@@ -37,16 +38,19 @@ def register(subparsers: Any) -> None:
 
 async def serve(settings: BridgeSettings, *, traced: bool) -> None:
     directory = MatcherDirectory.parse(settings.matchers, load_catalog(settings.markets_file))
-    service = BridgeService(settings, directory, traced=traced)
+    credential = WriterCredential()
+    service = BridgeService(settings, directory, traced=traced, credential=credential)
     host = ServiceHost(settings.listen)
     host.install_signal_handlers()
     plan = service.plan()
     if settings.leader_lease:
         role = LeaderOnly(
             settings.etcd_endpoints,
+            mesh_id=settings.mesh_id,
             role="bridge",
             shard_id=settings.shard_id,
             holder=settings.listen,
+            credential=credential,
         )
         plan = role.wrap(plan)
     await host.run(plan)

@@ -26,6 +26,7 @@ from bridge.statistics import BridgeStatistics
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
 from services.clients.channels import group_channel
 from services.coordination.addresses import AddressSource
+from services.coordination.writer_tokens import WriterCredential
 
 log = structlog.get_logger(__name__)
 CONNECT_TIMEOUT_S = 5.0
@@ -37,6 +38,7 @@ class MarkFeed:
         shard: AddressSource,
         matchers: Mapping[str, AddressSource],
         statistics: BridgeStatistics,
+        credential: WriterCredential,
         *,
         interval_ms: int,
         backoff_initial_ms: int,
@@ -45,6 +47,7 @@ class MarkFeed:
         self.shard = shard
         self.matchers = dict(matchers)
         self.statistics = statistics
+        self.credential = credential  # its token goes with PublishMarks
         self.interval_ms = interval_ms
         self.backoff_initial_ms = backoff_initial_ms
         self.backoff_max_ms = backoff_max_ms
@@ -104,7 +107,9 @@ class MarkFeed:
                     await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
                     stub = shard_pb2_grpc.UserShardStub(channel)
                     # Ends only with an error: the request stream never ends by itself.
-                    await stub.PublishMarks(self._messages(backoff))
+                    await stub.PublishMarks(
+                        self._messages(backoff), metadata=self.credential.metadata() or None
+                    )
             except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as error:
                 log.info("bridge.publish_marks_lost", error=repr(error))
             await backoff.wait()

@@ -33,6 +33,7 @@ from bridge.work_queue import Work, WorkQueue, add_command, saga_work
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
 from services.clients.channels import group_channel
 from services.coordination.addresses import AddressSource
+from services.coordination.writer_tokens import WriterCredential
 
 log = structlog.get_logger(__name__)
 CONNECT_TIMEOUT_S = 5.0
@@ -61,9 +62,11 @@ class MatcherLane:
         max_batch_commands: int,
         backoff: Backoff,
         statistics: BridgeStatistics,
+        credential: WriterCredential,
         traced: bool = False,
     ) -> None:
         self.group = group
+        self.credential = credential  # its token goes with every Execute call
         self.source = source
         self.shard_id = shard_id
         self.queue = WorkQueue(group, queue_capacity)
@@ -71,7 +74,7 @@ class MatcherLane:
         self.backoff = backoff
         self.statistics = statistics
         # Only a bridge that exports spans sends sampled orders on calls of their own.
-        self.traces = OrderTraces(group, statistics) if traced else None
+        self.traces = OrderTraces(group, statistics, credential) if traced else None
         statistics.connected[group] = False
 
     async def prepare(self, snapshot: shard_pb2.InFlightSnapshot) -> None:
@@ -131,7 +134,7 @@ class MatcherLane:
         self.statistics.connected[self.group] = True
         log.info("bridge.matcher_connected", group=self.group, from_sequence=from_sequence)
         stub = matcher_pb2_grpc.MatcherStub(channel)
-        call = stub.Execute()
+        call = stub.Execute(metadata=self.credential.metadata() or None)
         if self.traces is not None:
             self.traces.connection_started()
         try:

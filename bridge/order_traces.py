@@ -35,6 +35,7 @@ from opentelemetry.trace import Span, SpanContext
 from bridge.statistics import BridgeStatistics
 from bridge.work_queue import CancelWork, Work, add_command
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc
+from services.coordination.writer_tokens import WriterCredential
 from services.observability.tracing import context_of, metadata_for, tracer
 
 _tracer = tracer(__name__)
@@ -44,9 +45,12 @@ TRACED_CALL_TIMEOUT_S = 10.0
 
 
 class OrderTraces:
-    def __init__(self, group: str, statistics: BridgeStatistics) -> None:
+    def __init__(
+        self, group: str, statistics: BridgeStatistics, credential: WriterCredential
+    ) -> None:
         self.group = group
         self.statistics = statistics
+        self.credential = credential
         # order id -> its traced call, for the connection that sent it
         self.calls: dict[str, asyncio.Task[None]] = {}
         # order id -> its bridge.submit span, until the order's first event comes back
@@ -100,7 +104,9 @@ class OrderTraces:
                 batch = matcher_pb2.MatcherCommandBatch()
                 add_command(batch, order, correlation_id=1)
                 call = stub.Execute(
-                    iter((batch,)), metadata=metadata_for(span), timeout=TRACED_CALL_TIMEOUT_S
+                    iter((batch,)),
+                    metadata=(*metadata_for(span), *self.credential.metadata()),
+                    timeout=TRACED_CALL_TIMEOUT_S,
                 )
                 async for answer in call:
                     for result in answer.results:

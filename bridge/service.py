@@ -43,6 +43,7 @@ from services.clients.channels import group_channel
 from services.clients.matcher_directory import MatcherDirectory
 from services.clients.shard_link import ShardLink
 from services.coordination.addresses import address_source
+from services.coordination.writer_tokens import WriterCredential
 from services.serving.service_host import ServicePlan
 
 log = structlog.get_logger(__name__)
@@ -50,9 +51,16 @@ log = structlog.get_logger(__name__)
 
 class BridgeService:
     def __init__(
-        self, settings: BridgeSettings, directory: MatcherDirectory, *, traced: bool = False
+        self,
+        settings: BridgeSettings,
+        directory: MatcherDirectory,
+        *,
+        traced: bool = False,
+        credential: WriterCredential | None = None,
     ) -> None:
         self.settings = settings
+        # Leader-only: the term's token, sent on every call that writes (set by LeaderOnly).
+        self.credential = credential or WriterCredential()
         self.statistics = BridgeStatistics()
         self.backoff = Backoff(settings.backoff_initial_ms, settings.backoff_max_ms)
         # Fixed addresses, or each group's leader as etcd names it (re-resolved at every
@@ -62,8 +70,9 @@ class BridgeService:
             kind="shard",
             name=settings.shard_id,
             etcd_endpoints=settings.etcd_endpoints,
+            mesh_id=settings.mesh_id,
         )
-        matchers = directory.sources(settings.etcd_endpoints)
+        matchers = directory.sources(settings.etcd_endpoints, settings.mesh_id)
         self.lanes: Mapping[str, MatcherLane] = {
             group: MatcherLane(
                 group,
@@ -73,6 +82,7 @@ class BridgeService:
                 max_batch_commands=settings.max_batch_commands,
                 backoff=Backoff(settings.backoff_initial_ms, settings.backoff_max_ms),
                 statistics=self.statistics,
+                credential=self.credential,
                 traced=traced,
             )
             for group, source in matchers.items()
@@ -81,6 +91,7 @@ class BridgeService:
             self.shard,
             matchers,
             self.statistics,
+            self.credential,
             interval_ms=settings.mark_interval_ms,
             backoff_initial_ms=settings.backoff_initial_ms,
             backoff_max_ms=settings.backoff_max_ms,
@@ -101,7 +112,7 @@ class BridgeService:
             await self.backoff.wait()
 
     async def _session(self) -> None:
-        link = ShardLink(self.shard)
+        link = ShardLink(self.shard, metadata=self.credential.metadata)
         try:
             async with group_channel(self.shard) as channel:
                 await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.coordination.group_keys import DEFAULT_MESH_ID
 from services.settings import setting
 
 
@@ -16,6 +17,11 @@ class BridgeSettings:
         help="host:port of the shard, or etcd: its leader as etcd names it",
     )
     etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    mesh_id: str = setting(
+        env="OMS_MESH_ID",
+        default=DEFAULT_MESH_ID,
+        help="this mesh's name in etcd, its keys' namespace (unique per etcd cluster)",
+    )
     leader_lease: bool = setting(
         env="OMS_BRIDGE_LEADER_LEASE",
         default=False,

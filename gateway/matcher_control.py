@@ -19,6 +19,7 @@ from protos.oms.v1 import matcher_pb2
 from services.clients.channels import mesh_channel
 from services.clients.matcher_directory import MatcherDirectory
 from services.coordination.errors import CoordinationUnavailable
+from services.coordination.group_keys import DEFAULT_MESH_ID
 
 EXECUTE_METHOD = "/oms.v1.Matcher/Execute"
 
@@ -30,12 +31,13 @@ class MatcherControl:
         *,
         timeout_s: float,
         etcd_endpoints: Sequence[str] = (),
+        mesh_id: str = DEFAULT_MESH_ID,
     ) -> None:
         self.directory = directory
         self.timeout_s = timeout_s
         # Fixed addresses, or each group's leader (resolved at every call: admin calls
         # are rare, and one must reach whoever leads now).
-        self.sources = directory.sources(etcd_endpoints)
+        self.sources = directory.sources(etcd_endpoints, mesh_id)
         self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
         self._ids = itertools.count(1)
 

@@ -66,6 +66,7 @@ class Gateway:
                 kind="shard",
                 name=settings.shard_id,
                 etcd_endpoints=settings.etcd_endpoints,
+                mesh_id=settings.mesh_id,
             ),
             timeout_s=settings.request_deadline_ms / 1000,
             counters=counters,
@@ -78,6 +79,7 @@ class Gateway:
             directory,
             timeout_s=settings.matcher_timeout_ms / 1000,
             etcd_endpoints=settings.etcd_endpoints,
+            mesh_id=settings.mesh_id,
         )
         validator = RequestValidator(catalog, wall_clock_ms)
         self.orders = OrderService(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.coordination.group_keys import DEFAULT_MESH_ID
 from services.settings import setting
 
 
@@ -18,6 +19,11 @@ class GatewaySettings:
     )
     shard_id: str = setting(env="OMS_SHARD_ID", default="s1")
     etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    mesh_id: str = setting(
+        env="OMS_MESH_ID",
+        default=DEFAULT_MESH_ID,
+        help="this mesh's name in etcd, its keys' namespace (unique per etcd cluster)",
+    )
     persister_address: str = setting(env="OMS_PERSISTER_ADDRESS", default="127.0.0.1:7301")
     matchers: str = setting(
         env="OMS_MATCHERS", default="", help="group=host:port,... for every matcher group"

@@ -8,6 +8,7 @@ from typing import Any
 
 import uvloop
 
+from persister.mesh_identity import MeshMismatchError
 from persister.running import serve
 from persister.settings import PersisterSettings
 from services.observability.logs import configure_logging
@@ -41,5 +42,9 @@ def run(arguments: argparse.Namespace) -> int:
     if problems:
         raise SystemExit("oms persister: " + "; ".join(problems))
     configure_logging(f"persister-{settings.shard_id}", settings.log_level)
-    uvloop.run(serve(settings))
+    try:
+        uvloop.run(serve(settings))
+    except MeshMismatchError as error:
+        # One line naming both sides, not a traceback: only an operator can fix this.
+        raise SystemExit(f"oms persister: {error}") from None
     return 0

@@ -1,8 +1,13 @@
-"""Start-up and shutdown of one persister: database, schema, lease, lock, fence, cursor,
-then serve.
+"""Start-up and shutdown of one persister: database, schema, the mesh's identity, lease,
+lock, fence, cursor, then serve.
+
+Once the schema is current, the database is claimed for the mesh (`OMS_MESH_ID`)
+and, when the mesh's logs are in etcd, bound to the mesh's etcd namespace
+(`persister/mesh_identity.py`): another mesh's database or etcd stops it before it
+writes any of the mesh's data.
 
 With `OMS_PERSISTER_LEADER_LEASE` the persister first takes its shard's etcd lease
-(`/oms/v1/persister/<shard>/leader`; a second instance waits there as a standby)
+(`/oms/v1/<mesh>/persister/<shard>/leader`; a second instance waits there as a standby)
 and its term becomes the fencing token; otherwise the token is a counter the
 database hands out under the shard's advisory lock. Either way the token is
 claimed in PostgreSQL (`writer_fence`), which then refuses every write
@@ -14,11 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from collections.abc import AsyncIterator
 
 import structlog
 
 from persister.cursor import read_cursor
+from persister.mesh_identity import MeshIdentity, bind_etcd, claim_database
 from persister.migrations import apply_migrations
 from persister.service import PersisterService
 from persister.settings import PersisterSettings
@@ -26,7 +33,8 @@ from persister.shard_answers import ShardAnswers
 from persister.shard_lock import StopRequestedError, shard_lock
 from persister.store import Store
 from persister.writer_fence import claim
-from services.coordination.addresses import address_source
+from services.coordination.addresses import FROM_ETCD, address_source
+from services.coordination.errors import CoordinationUnavailable
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import GroupKeys
 from services.coordination.leadership import Leadership
@@ -35,6 +43,7 @@ from services.settings import SettingsError
 
 log = structlog.get_logger(__name__)
 LEASE_TTL_S = 2
+ETCD_RETRY_S = 0.5
 
 
 async def serve(settings: PersisterSettings) -> None:
@@ -58,11 +67,16 @@ async def serve(settings: PersisterSettings) -> None:
         kind="shard",
         name=settings.shard_id,
         etcd_endpoints=settings.etcd_endpoints,
+        mesh_id=settings.mesh_id,
     )
     link = ShardAnswers(shard)
     try:
         applied = await apply_migrations(store)
         log.info("persister.schema_ready", applied_now=applied)
+        identity = await claim_database(store, settings.mesh_id)
+        if settings.leader_lease or settings.shard_address == FROM_ETCD:
+            await _bind_etcd(settings, store, identity)
+        log.info("persister.mesh", mesh_id=identity.mesh_id, database_uid=identity.database_uid)
         async with contextlib.AsyncExitStack() as stack:
             token: int | None = None
             loops: list[BackgroundLoop] = []
@@ -92,12 +106,29 @@ async def serve(settings: PersisterSettings) -> None:
         await store.close()
 
 
+async def _bind_etcd(settings: PersisterSettings, store: Store, identity: MeshIdentity) -> None:
+    """`bind_etcd`, retried while etcd cannot be reached, for the start-up timeout."""
+    if not settings.etcd_endpoints:
+        raise SettingsError("the shard's address says etcd: set OMS_ETCD_ENDPOINTS")
+    deadline = time.monotonic() + settings.startup_timeout_ms / 1000
+    while True:
+        try:
+            async with EtcdSession(settings.etcd_endpoints) as etcd:
+                await bind_etcd(etcd, store, identity)
+            return
+        except CoordinationUnavailable as error:
+            if time.monotonic() >= deadline:
+                raise
+            log.info("persister.etcd_unreachable", error=str(error))
+            await asyncio.sleep(ETCD_RETRY_S)
+
+
 @contextlib.asynccontextmanager
 async def _leased(settings: PersisterSettings) -> AsyncIterator[Leadership]:
     if not settings.etcd_endpoints:
         raise SettingsError("OMS_PERSISTER_LEADER_LEASE needs OMS_ETCD_ENDPOINTS")
     async with EtcdSession(settings.etcd_endpoints) as session:
-        keys = GroupKeys.of("persister", settings.shard_id)
+        keys = GroupKeys.of(settings.mesh_id, "persister", settings.shard_id)
         leadership = Leadership(session, keys.leader, settings.listen, ttl_s=LEASE_TTL_S)
         try:
             yield leadership

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.coordination.group_keys import DEFAULT_MESH_ID, mesh_prefix
 from services.settings import setting
 
 
@@ -15,6 +16,11 @@ class PersisterSettings:
         help="host:port of the shard, or etcd: its leader as etcd names it",
     )
     etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    mesh_id: str = setting(
+        env="OMS_MESH_ID",
+        default=DEFAULT_MESH_ID,
+        help="this mesh's name in etcd, its keys' namespace (unique per etcd cluster)",
+    )
     leader_lease: bool = setting(
         env="OMS_PERSISTER_LEADER_LEASE",
         default=False,
@@ -69,6 +75,10 @@ class PersisterSettings:
             found.append("a database URL is required (--database-url or OMS_DATABASE_URL)")
         if not self.shard_id or ":" in self.shard_id:
             found.append("shard id must be non-empty and contain no ':'")
+        try:
+            mesh_prefix(self.mesh_id)
+        except ValueError as error:
+            found.append(f"OMS_MESH_ID: {error}")
         positive = {
             "write_interval_ms": self.write_interval_ms,
             "max_rows_per_transaction": self.max_rows_per_transaction,

@@ -15,10 +15,11 @@ its read to the log's end, and the clients finding the new leader (a leader-key
 lookup, a reconnect). The goal is at most 3 s with the default 2 s lease.
 
 The etcd is an embedded one with fsync on, in the run's temporary folder, unless
-`OMS_ETCD_ENDPOINTS` names one. A matcher group's keys are named by the group alone
-(`/oms/v1/matcher/g1/`), so two runs on one etcd, or a run beside a mesh, would share
-them: on an etcd of the caller's choosing the benchmark says so, refuses a group that
-already holds keys there, and deletes its groups' keys when it ends.
+`OMS_ETCD_ENDPOINTS` names one. The groups run as mesh `bench-failover`
+(`/oms/v1/bench-failover/matcher/g1/`), apart from any mesh's keys; two runs on one
+etcd would share them, so on an etcd of the caller's choosing the benchmark says so,
+refuses a group that already holds keys there, and deletes its groups' keys when it
+ends.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from services.markets.catalog import Market, MarketCatalogError, load_catalog
 from services.observability.logs import configure_logging
 from services.settings import load_settings, setting
 
+BENCH_MESH_ID = "bench-failover"  # the groups' namespace in etcd, apart from any mesh
 REPLICAS = 3
 DEFAULT_KILLS = 5
 DEFAULT_LEASE_TTL_S = 2
@@ -465,7 +467,7 @@ class ShardLoad(CommandLoad):
 
     def __init__(self, etcd_endpoints: Sequence[str], shard_id: str, callers: int) -> None:
         super().__init__(callers)
-        self.source = LeaderAddress(etcd_endpoints, "shard", shard_id)
+        self.source = LeaderAddress(etcd_endpoints, BENCH_MESH_ID, "shard", shard_id)
         self.link = ShardLink(self.source)
 
     async def prepare(self) -> None:
@@ -501,7 +503,7 @@ class MatcherLoad(CommandLoad):
         self, etcd_endpoints: Sequence[str], group: str, market: Market, callers: int
     ) -> None:
         super().__init__(callers)
-        self.source = LeaderAddress(etcd_endpoints, "matcher", group)
+        self.source = LeaderAddress(etcd_endpoints, BENCH_MESH_ID, "matcher", group)
         self.channels: dict[str, grpc.aio.Channel] = {}
         self.symbol = market.symbol
         # Half the price band below the reference: inside the band, under any seller.
@@ -566,7 +568,7 @@ class GroupPlan:
 
     @property
     def keys(self) -> GroupKeys:
-        return GroupKeys.of(self.kind, self.name)
+        return GroupKeys.of(BENCH_MESH_ID, self.kind, self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,6 +585,7 @@ def _replica_group(
         f"{setting}LOG": "etcd",
         f"{setting}LEASE_TTL_S": str(lease_ttl_s),
         "OMS_ETCD_ENDPOINTS": ",".join(etcd_endpoints),
+        "OMS_MESH_ID": BENCH_MESH_ID,
     }
     replicas = [
         ReplicaProcess(
@@ -765,10 +768,11 @@ def measure(arguments: argparse.Namespace) -> None:
         CatalogSetting, overrides={"markets_file": arguments.markets_file}
     ).markets_file
     if shared_etcd:
+        matcher_keys = GroupKeys.of(BENCH_MESH_ID, "matcher", arguments.matcher_group)
         _progress(
-            f"warning: OMS_ETCD_ENDPOINTS is set: the groups run there under their names as "
-            f"they are (matcher {arguments.matcher_group}: "
-            f"{GroupKeys.of('matcher', arguments.matcher_group).prefix.decode()}): the "
+            f"warning: OMS_ETCD_ENDPOINTS is set: the groups run there as mesh "
+            f"{BENCH_MESH_ID} (matcher {arguments.matcher_group}: "
+            f"{matcher_keys.prefix.decode()}): the "
             "benchmark refuses a group that already has keys there, and deletes its own "
             "groups' keys at the end"
         )

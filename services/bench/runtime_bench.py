@@ -112,7 +112,8 @@ class LoadResult:
     max_ms: float
     batches: int
     entries: int
-    write_p50_ms: float | None = None  # the O_DSYNC write calls of the measured span
+    # The measured span's O_DSYNC writes (file log) or etcd append round trips.
+    write_p50_ms: float | None = None
     write_p99_ms: float | None = None
     refused: int = 0  # submissions the full ingress turned away while measuring
 
@@ -256,6 +257,8 @@ async def open_loop(
     writes: list[int] = []
     if isinstance(node.log_store, FileLogStore):
         node.log_store.write_samples_ns = writes
+    elif isinstance(node.log_store, EtcdLogStore):
+        node.log_store.append_samples_ns = writes
     started = time.perf_counter()
     sent = 0
     measured_sent = 0
@@ -485,7 +488,7 @@ async def etcd_backend(endpoints: Sequence[str], root: Path) -> AsyncIterator[Et
     etcd (and the services' own groups) never meet.
     """
     async with EtcdSession(endpoints) as session:
-        keys = GroupKeys.of("bench", f"runtime-{os.getpid()}-{secrets.token_hex(4)}")
+        keys = GroupKeys.of("bench", "runtime", f"{os.getpid()}-{secrets.token_hex(4)}")
         leadership = Leadership(
             session, keys.leader, f"oms bench runtime, pid {os.getpid()}", ttl_s=LEASE_TTL_S
         )
@@ -549,13 +552,18 @@ async def _file_table(arguments: argparse.Namespace, root: Path) -> None:
         _print_refused("file", result)
 
 
-_CELLS_HEADER = f"{'durable/s':>11} {'p50 ms':>8} {'p99 ms':>8} {'per batch':>9}"
+_CELLS_HEADER = (
+    f"{'durable/s':>11} {'p50 ms':>8} {'p99 ms':>8} {'per batch':>9} {'write p50/p99':>15}"
+)
 
 
 def _cells(result: LoadResult) -> str:
+    writes = ""
+    if result.write_p50_ms is not None and result.write_p99_ms is not None:
+        writes = f"{result.write_p50_ms:.3f} / {result.write_p99_ms:.3f}"
     return (
         f"{result.achieved_per_second:>11,.0f} {result.p50_ms:>8.3f} {result.p99_ms:>8.3f} "
-        f"{result.entries / max(1, result.batches):>9.1f}"
+        f"{result.entries / max(1, result.batches):>9.1f} {writes:>15}"
     )
 
 
@@ -608,6 +616,11 @@ async def _main(arguments: argparse.Namespace, root: Path, etcd: EtcdPlace | Non
                 f"{etcd_log.keys.leader.decode()} (term {etcd_log.term})"
             )
             await _side_by_side_table(arguments, root, backends)
+            print(
+                "write p50/p99 (open loop): the file log's O_DSYNC write, the etcd log's "
+                "append round trip; one etcd append is in flight at a time, so an entry's "
+                "latency is its append's round trip plus its wait for the append before it"
+            )
             if etcd_log.append_retries:
                 print(f"etcd appends retried after no answer: {etcd_log.append_retries}")
     stalls = cpu_stalls(min(5.0, arguments.seconds))

@@ -41,11 +41,15 @@ class MatcherDirectory:
         groups = {market.symbol: market.matcher_group for market in catalog.markets}
         return cls(addresses, groups)
 
-    def sources(self, etcd_endpoints: Sequence[str]) -> dict[str, AddressSource]:
+    def sources(self, etcd_endpoints: Sequence[str], mesh_id: str) -> dict[str, AddressSource]:
         """Each group's address as a source: fixed, or its leader found in etcd."""
         return {
             group: address_source(
-                address, kind="matcher", name=group, etcd_endpoints=etcd_endpoints
+                address,
+                kind="matcher",
+                name=group,
+                etcd_endpoints=etcd_endpoints,
+                mesh_id=mesh_id,
             )
             for group, address in sorted(self.addresses.items())
         }

@@ -44,7 +44,7 @@ import itertools
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -106,6 +106,7 @@ class ShardLink:
         max_queued: int = DEFAULT_MAX_QUEUED,
         stall_s: float = STALL_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        metadata: Callable[[], Sequence[tuple[str, str]]] = tuple,
     ) -> None:
         # A fixed address, or the shard's leader as etcd names it: resolved at every
         # connection attempt, so a failover is followed by the next attempt.
@@ -116,6 +117,9 @@ class ShardLink:
         self.max_queued = max_queued
         self.stall_s = stall_s
         self.connect_timeout_s = connect_timeout_s
+        # Asked at each stream's opening: a leader-only writer's token for this term
+        # (services/coordination/writer_tokens.py), or nothing.
+        self.metadata = metadata
         self.state = LinkState.CONNECTING
         self._channel: grpc.aio.Channel | None = None
         # (command, its caller's future; None for a mesh command), oldest first.
@@ -349,7 +353,7 @@ class ShardLink:
             EXECUTE_METHOD,
             request_serializer=None,
             response_deserializer=shard_pb2.ShardResultBatch.FromString,
-        )(self._batches(ended))
+        )(self._batches(ended), metadata=tuple(self.metadata()) or None)
         reader: asyncio.Task[str] | None = None
         try:
             try:

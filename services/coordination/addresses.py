@@ -55,10 +55,10 @@ class FixedAddress:
 class LeaderAddress:
     """The address the holder of `kind/name`'s leader key advertises."""
 
-    def __init__(self, etcd_endpoints: Sequence[str], kind: str, name: str) -> None:
+    def __init__(self, etcd_endpoints: Sequence[str], mesh_id: str, kind: str, name: str) -> None:
         self.kind = kind
         self.name = name
-        self.key = GroupKeys.of(kind, name).leader
+        self.key = GroupKeys.of(mesh_id, kind, name).leader
         self._session = EtcdSession(etcd_endpoints)
         self._cached = ""
         self._cached_at = float("-inf")
@@ -84,11 +84,11 @@ class LeaderAddress:
 
 
 def address_source(
-    setting: str, *, kind: str, name: str, etcd_endpoints: Sequence[str]
+    setting: str, *, kind: str, name: str, etcd_endpoints: Sequence[str], mesh_id: str
 ) -> AddressSource:
     """`setting` as a source: `host:port`, or `etcd` (needs etcd endpoints)."""
     if setting != FROM_ETCD:
         return FixedAddress(setting)
     if not etcd_endpoints:
         raise ValueError(f"{kind} {name}: the address says etcd, but no etcd endpoints are set")
-    return LeaderAddress(etcd_endpoints, kind, name)
+    return LeaderAddress(etcd_endpoints, mesh_id, kind, name)

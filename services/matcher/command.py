@@ -8,6 +8,7 @@ from typing import Any
 
 import uvloop
 
+from services.coordination.writer_tokens import WriterFences
 from services.markets.catalog import load_catalog
 from services.matcher.core.machine import MatcherEgress, MatcherMachine
 from services.matcher.core.settings import EngineSettings, SymbolSettings
@@ -78,6 +79,7 @@ def build_host(settings: MatcherServiceSettings) -> RuntimeHost[MatcherEgress]:
             kind="matcher",
             name=settings.group,
             etcd_endpoints=settings.etcd_endpoints,
+            mesh_id=settings.mesh_id,
             advertise=settings.advertise,
             lease_ttl_s=settings.lease_ttl_s,
             compact_interval_s=settings.etcd_compact_interval_s,
@@ -89,7 +91,11 @@ def build_host(settings: MatcherServiceSettings) -> RuntimeHost[MatcherEgress]:
 async def serve(settings: MatcherServiceSettings) -> None:
     host = build_host(settings)
     host.install_signal_handlers()
-    await host.run(lambda h: MatcherServicer(h, settings.max_inflight_batches).plan())
+    fences = WriterFences(settings.etcd_endpoints, settings.mesh_id)
+    try:
+        await host.run(lambda h: MatcherServicer(h, settings.max_inflight_batches, fences).plan())
+    finally:
+        await fences.close()
 
 
 def run(arguments: argparse.Namespace) -> int:

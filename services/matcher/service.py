@@ -23,12 +23,14 @@ import grpc
 import structlog
 
 from protos.oms.v1 import matcher_pb2
+from services.coordination.writer_tokens import WriterFenced, WriterFences
 from services.matcher.core.errors import SequenceTooOldError
 from services.matcher.core.event_log import FillEvent
 from services.matcher.core.machine import MatcherEgress, MatcherMachine
 from services.observability.tracing import context_from_metadata, tracer
 from services.runtime.hosting import HostPlan, RuntimeHost
 from services.runtime.sequencer import Receipt
+from services.serving.writer_admission import admit_writer, superseded
 
 log = structlog.get_logger(__name__)
 _tracer = tracer(__name__)
@@ -86,8 +88,11 @@ class DurableView:
 
 
 class MatcherServicer:
-    def __init__(self, host: RuntimeHost[MatcherEgress], max_inflight: int) -> None:
+    def __init__(
+        self, host: RuntimeHost[MatcherEgress], max_inflight: int, fences: WriterFences
+    ) -> None:
         self.host = host
+        self.fences = fences  # the bridges' terms (their tokens ride on Execute)
         self.machine: MatcherMachine = host.node.replica.machine  # type: ignore[assignment]
         self.view = DurableView(self.machine)
         self.max_inflight = max_inflight
@@ -95,13 +100,18 @@ class MatcherServicer:
     async def execute(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
+        writer = await admit_writer(self.fences, context)
         ingress = self.host.ingress
         window: asyncio.Queue[asyncio.Future[Receipt[MatcherEgress]] | None] = asyncio.Queue(
             self.max_inflight
         )
+        fenced: list[WriterFenced] = []
 
         async def read_ahead() -> None:
             async for payload in requests:
+                if refusal := superseded(self.fences, writer):
+                    fenced.append(refusal)  # a newer bridge writes now: nothing more of this
+                    break
                 # In turn, so the stream's batches keep their order in the log.
                 await window.put(await ingress.enqueue(payload))
             await window.put(None)
@@ -126,6 +136,8 @@ class MatcherServicer:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, egress.refused)
                 yield egress.result_batch().SerializeToString()
             await reader
+            if fenced:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(fenced[0]))
         finally:
             reader.cancel()
             if span is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.coordination.group_keys import DEFAULT_MESH_ID
 from services.settings import setting
 
 
@@ -39,6 +40,11 @@ class MatcherServiceSettings:
         " log is in etcd (OMS_ETCD_ENDPOINTS), led by the holder of its leader key",
     )
     etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    mesh_id: str = setting(
+        env="OMS_MESH_ID",
+        default=DEFAULT_MESH_ID,
+        help="this mesh's name in etcd, its keys' namespace (unique per etcd cluster)",
+    )
     advertise: str = setting(
         env="OMS_MATCHER_ADVERTISE",
         default="",

@@ -56,6 +56,7 @@ def mesh_children(
     environment = {
         "OMS_ETCD_ENDPOINTS": ",".join(endpoints.etcd_endpoints),
         "OMS_DATABASE_URL": endpoints.database_url,
+        "OMS_MESH_ID": record.mesh_id,
         "OMS_SHARD_ID": record.shard_id,
         "OMS_SHARD_ADDRESS": FROM_ETCD if replicated else record.shard,
         "OMS_PERSISTER_ADDRESS": record.persister,

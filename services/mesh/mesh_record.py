@@ -8,6 +8,11 @@ With `--replicas 3` the shard and every matcher group run three replicas each
 over logs in etcd; a state folder keeps the replica count it was made with (a
 file log and an etcd log of the same shard would disagree on every position the
 persister has recorded), so a change of count asks for a new folder.
+
+Each state folder names its mesh once (`mesh_id`, `mesh-` and 8 random hex digits):
+every service gets it as `OMS_MESH_ID`, so its keys in etcd are its own even on an
+etcd shared with other meshes, and the persister claims the database for it
+(`persister/mesh_identity.py`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class MeshRecord:
     # Replicas beyond the first (`shard`, `matchers[group]`), when replicas > 1.
     shard_followers: list[str] = field(default_factory=list)
     matcher_followers: dict[str, list[str]] = field(default_factory=dict)
+    mesh_id: str = ""  # "" only in a record written before mesh ids existed
 
     @property
     def replicated(self) -> bool:
@@ -78,6 +84,11 @@ def prepare_mesh_record(state_dir: Path, groups: list[str], *, replicas: int = 1
             f"{replicas}: its logs and the database's positions belong to that one; "
             "choose another --state-dir"
         )
+    if previous is not None and previous.replicated and not previous.mesh_id:
+        raise MeshRecordError(
+            f"{state_dir} holds a replicated mesh made before meshes had ids: its logs in "
+            "etcd are under keys no service reads now; choose another --state-dir"
+        )
 
     def address(old: str | None) -> str:
         if old:
@@ -103,6 +114,7 @@ def prepare_mesh_record(state_dir: Path, groups: list[str], *, replicas: int = 1
         admin_api_key=previous.admin_api_key if previous else "admin-" + secrets.token_hex(4),
         admin_api_secret=previous.admin_api_secret if previous else secrets.token_hex(32),
         replicas=replicas,
+        mesh_id=(previous.mesh_id if previous else "") or "mesh-" + secrets.token_hex(4),
         shard_followers=followers(old_shard_followers),
         matcher_followers={
             group: followers(old_matcher_followers.get(group, [])) for group in groups

@@ -9,6 +9,7 @@ from typing import Any
 import uvloop
 
 from services.clients.matcher_directory import MatcherDirectory
+from services.coordination.writer_tokens import WriterCredential
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.reconciler.service import ReconcilerService
@@ -35,16 +36,19 @@ def register(subparsers: Any) -> None:
 
 async def serve(settings: ReconcilerSettings) -> None:
     directory = MatcherDirectory.parse(settings.matchers, load_catalog(settings.markets_file))
-    service = ReconcilerService(settings, directory)
+    credential = WriterCredential()
+    service = ReconcilerService(settings, directory, credential=credential)
     host = ServiceHost(settings.listen)
     host.install_signal_handlers()
     plan = service.plan()
     if settings.leader_lease:
         role = LeaderOnly(
             settings.etcd_endpoints,
+            mesh_id=settings.mesh_id,
             role="reconciler",
             shard_id=settings.shard_id,
             holder=settings.listen,
+            credential=credential,
         )
         plan = role.wrap(plan)
     await host.run(plan)

@@ -26,6 +26,7 @@ from services.clients.channels import group_channel
 from services.clients.matcher_directory import MatcherDirectory
 from services.clients.shard_link import ShardLink
 from services.coordination.addresses import address_source
+from services.coordination.writer_tokens import WriterCredential
 from services.reconciler.settings import ReconcilerSettings
 from services.reconciler.sweep import ReconcilerCounters, ReconcileSweep
 from services.serving.service_host import ServicePlan
@@ -34,8 +35,16 @@ log = structlog.get_logger(__name__)
 
 
 class ReconcilerService:
-    def __init__(self, settings: ReconcilerSettings, directory: MatcherDirectory) -> None:
+    def __init__(
+        self,
+        settings: ReconcilerSettings,
+        directory: MatcherDirectory,
+        *,
+        credential: WriterCredential | None = None,
+    ) -> None:
         self.settings = settings
+        # Leader-only: the term's token, sent with its commands (set by LeaderOnly).
+        self.credential = credential or WriterCredential()
         self.directory = directory
         self.counters = ReconcilerCounters()
         self.cursor = 0
@@ -45,8 +54,9 @@ class ReconcilerService:
             kind="shard",
             name=settings.shard_id,
             etcd_endpoints=settings.etcd_endpoints,
+            mesh_id=settings.mesh_id,
         )
-        self.matchers = directory.sources(settings.etcd_endpoints)
+        self.matchers = directory.sources(settings.etcd_endpoints, settings.mesh_id)
 
     async def run(self) -> None:
         """Sessions, one after another: each resolves where the shard and the matchers
@@ -64,7 +74,7 @@ class ReconcilerService:
                     group: await stack.enter_async_context(group_channel(source))
                     for group, source in self.matchers.items()
                 }
-                link = ShardLink(self.shard)
+                link = ShardLink(self.shard, metadata=self.credential.metadata)
                 stack.push_async_callback(link.close)
                 sweep = ReconcileSweep(
                     shard=shard_pb2_grpc.UserShardStub(shard_channel),

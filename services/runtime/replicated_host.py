@@ -326,6 +326,7 @@ def host_for(
     kind: str,
     name: str,
     etcd_endpoints: tuple[str, ...],
+    mesh_id: str,
     advertise: str,
     lease_ttl_s: int,
     compact_interval_s: float = 30.0,
@@ -345,7 +346,7 @@ def host_for(
         listen_address=listen_address,
         replication=ReplicationSettings(
             etcd_endpoints=etcd_endpoints,
-            keys=GroupKeys.of(kind, name),
+            keys=GroupKeys.of(mesh_id, kind, name),
             advertise=advertise or listen_address,
             lease_ttl_s=lease_ttl_s,
             compact_interval_s=compact_interval_s,

@@ -8,6 +8,7 @@ from typing import Any
 
 import uvloop
 
+from services.coordination.writer_tokens import WriterFences
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing
@@ -77,6 +78,7 @@ def build_host(settings: ShardServiceSettings) -> RuntimeHost[Any]:
             kind="shard",
             name=settings.shard_id,
             etcd_endpoints=settings.etcd_endpoints,
+            mesh_id=settings.mesh_id,
             advertise=settings.advertise,
             lease_ttl_s=settings.lease_ttl_s,
             compact_interval_s=settings.etcd_compact_interval_s,
@@ -89,6 +91,8 @@ async def serve(settings: ShardServiceSettings) -> None:
     host = build_host(settings)
     host.install_signal_handlers()
 
+    fences = WriterFences(settings.etcd_endpoints, settings.mesh_id)
+
     def plan(h: RuntimeHost[Any]) -> Any:
         return ShardServicer(
             h,
@@ -96,9 +100,13 @@ async def serve(settings: ShardServiceSettings) -> None:
             max_inflight_batches=settings.max_inflight_batches,
             mark_interval_ms=settings.mark_interval_ms,
             saturation_dwell_ms=settings.saturation_dwell_ms,
+            fences=fences,
         ).plan()
 
-    await host.run(plan)
+    try:
+        await host.run(plan)
+    finally:
+        await fences.close()
 
 
 def run(arguments: argparse.Namespace) -> int:

@@ -29,9 +29,11 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from protos.oms.v1 import shard_pb2
+from services.coordination.writer_tokens import WriterFenced, WriterFences
 from services.observability.tracing import context_of, tracer
 from services.runtime.egress_feed import EgressWindowExceededError
 from services.runtime.hosting import HostPlan, RuntimeHost
+from services.serving.writer_admission import admit_writer, superseded
 from services.shard.actor_view import actor_view
 from services.shard.core.actor import UserActor
 from services.shard.core.codec import egress_to_protobufs
@@ -59,8 +61,10 @@ class ShardServicer:
         max_inflight_batches: int,
         mark_interval_ms: int,
         saturation_dwell_ms: int,
+        fences: WriterFences,
     ) -> None:
         self.host = host
+        self.fences = fences  # the bridge's and the reconciler's terms (tokens on Execute)
         self.machine: ShardMachine = host.node.replica.machine  # type: ignore[assignment]
         self.shard_id = shard_id
         self.max_inflight_batches = max_inflight_batches
@@ -76,10 +80,14 @@ class ShardServicer:
     async def execute(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        # Answer the stream's opening at once: a `ShardLink` counts the shard as
-        # reachable only once it has seen these headers (services/clients/shard_link.py).
+        # A leader-only writer's term is checked first (one etcd read, at most
+        # ETCD_TIMEOUT_S); then the stream's opening is answered at once: a `ShardLink`
+        # counts the shard as reachable only once it has seen these headers
+        # (services/clients/shard_link.py).
+        writer = await admit_writer(self.fences, context)
         await context.send_initial_metadata(())
         ingress = self.host.ingress
+        fenced: list[WriterFenced] = []
         window: asyncio.Queue[tuple[asyncio.Future[Any], bytes] | None] = asyncio.Queue(
             self.max_inflight_batches
         )
@@ -93,6 +101,9 @@ class ShardServicer:
         async def read_ahead() -> None:
             try:
                 async for payload in requests:
+                    if refusal := superseded(self.fences, writer):
+                        fenced.append(refusal)  # a newer term writes now: nothing more
+                        break
                     # In turn, so one stream's batches keep their order in the log.
                     await window.put((await ingress.enqueue(payload), payload))
             finally:
@@ -158,6 +169,8 @@ class ShardServicer:
             while (message := await outgoing.get()) is not None:
                 yield message
             await pumping
+            if fenced:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(fenced[0]))
         finally:
             pumping.cancel()
             self.router.forget(finals)
@@ -230,7 +243,10 @@ class ShardServicer:
         requests: AsyncIterator[shard_pb2.MarkPrices],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> shard_pb2.Empty:
+        writer = await admit_writer(self.fences, context)
         async for marks in requests:
+            if refusal := superseded(self.fences, writer):
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(refusal))
             for mark in marks.prices:
                 if mark.price_ticks > 0:
                     self.marks.offer(mark.symbol, mark.price_ticks)

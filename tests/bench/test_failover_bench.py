@@ -121,7 +121,10 @@ def test_one_kill_per_group_prints_both_rows_and_leaves_nothing_behind(
     assert " after" in machine
 
     shard_id = rows["shard"].group(1)
-    prefixes = [GroupKeys.of("shard", shard_id).prefix, GroupKeys.of("matcher", group).prefix]
+    prefixes = [
+        GroupKeys.of(failover_bench.BENCH_MESH_ID, "shard", shard_id).prefix,
+        GroupKeys.of(failover_bench.BENCH_MESH_ID, "matcher", group).prefix,
+    ]
     assert asyncio.run(_keys_under(etcd_endpoints, prefixes)) == []
     assert _service_processes() == []
     assert list(temporary.iterdir()) == []

@@ -28,7 +28,7 @@ def _arguments(*argv: str) -> argparse.Namespace:
 
 async def _keys_of_this_process(endpoints: tuple[str, ...]) -> list[bytes]:
     # The benchmark's group name starts with its process id: this test's own keys.
-    prefix = f"/oms/v1/bench/runtime-{os.getpid()}-".encode()
+    prefix = f"/oms/v1/bench/runtime/{os.getpid()}-".encode()
     async with EtcdSession(endpoints) as session:
         return [entry.key for entry in await session.range(prefix, prefix_end(prefix))]
 
@@ -56,9 +56,14 @@ def test_both_backends_print_side_by_side_and_leave_no_keys(
     for row in rows:
         _, file_cells, etcd_cells, *_ = row.split("|")
         for cells in (file_cells, etcd_cells):
-            durable_per_second, p50_ms, p99_ms, per_batch = cells.split()
+            durable_per_second, p50_ms, p99_ms, per_batch, *writes = cells.split()
             assert float(durable_per_second.replace(",", "")) > 0
             assert 0 < float(p50_ms) <= float(p99_ms)
             assert float(per_batch) > 0
+            if row.startswith("open-loop"):  # each write's or append's own time
+                write_p50, slash, write_p99 = writes
+                assert slash == "/" and 0 < float(write_p50) <= float(write_p99)
+            else:
+                assert writes == []
     assert any(line.startswith("machine: ") and "load average" in line for line in lines)
     assert asyncio.run(_keys_of_this_process(etcd_endpoints)) == []

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+from services.coordination.writer_tokens import WriterFences
 from services.matcher.command import engine_settings
 from services.matcher.core.machine import MatcherEgress, MatcherMachine
 from services.matcher.service import MatcherServicer
@@ -88,7 +89,7 @@ def serve(host: RuntimeHost[MatcherEgress]) -> tuple[asyncio.Task[None], list[Ma
     servicers: list[MatcherServicer] = []
 
     def plan(running: RuntimeHost[MatcherEgress]) -> HostPlan:
-        servicer = MatcherServicer(running, max_inflight=64)
+        servicer = MatcherServicer(running, max_inflight=64, fences=WriterFences((), "test"))
         servicers.append(servicer)
         return servicer.plan()
 

@@ -22,6 +22,7 @@ from tests.service_process import CHANNEL_OPTIONS, ServiceProcessError
 from tests.shard_service.shard_process import ShardProcess
 
 _groups = itertools.count(1)
+MESH_ID = "test-replicas"
 LEASE_TTL_S = 2
 
 
@@ -70,7 +71,9 @@ class ReplicaSet:
         environment: dict[str, str] | None = None,
     ) -> None:
         self.shard_id = f"rep{os.getpid()}-{next(_groups)}"
+        self.mesh_id = MESH_ID
         environment = {
+            "OMS_MESH_ID": self.mesh_id,  # whatever the caller's shell exports
             "OMS_SHARD_LOG": "etcd",
             "OMS_ETCD_ENDPOINTS": ",".join(etcd_endpoints),
             "OMS_SHARD_LEASE_TTL_S": str(LEASE_TTL_S),

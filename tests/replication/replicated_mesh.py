@@ -2,9 +2,9 @@
 runs it (supervised children; three replicas of the shard and of each matcher group
 over logs in etcd), on an etcd and a database of its own.
 
-Its own etcd, not the session's: `oms up` names its groups alike every time (shard
-s1, matchers g1 and g2), so a second replicated mesh on one etcd would recover the
-first one's logs (keys under /oms/v1/shard/s1/) beside its fresh database.
+Its own etcd, not the session's: each state folder is a mesh of its own id (its keys
+under /oms/v1/<mesh id>/), and a mesh's keys are never deleted, so the session's etcd
+would keep every replicated mesh's logs and leases to the end of the run.
 
 Everything is found through `state_dir/mesh.json`; a group's leader through the
 replicas' `oms.v1.Status`. Stopping sends SIGINT like Ctrl-C, and always reaps.

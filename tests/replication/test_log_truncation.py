@@ -23,7 +23,7 @@ FREQUENT = {"OMS_SHARD_SNAPSHOT_ENTRIES": "100", "OMS_ETCD_COMPACT_INTERVAL_S": 
 
 async def _log_keys(replicas: ReplicaSet) -> tuple[int, int]:
     """(record keys stored, first position stored) of the group's log."""
-    keys = GroupKeys.of("shard", replicas.shard_id)
+    keys = GroupKeys.of(replicas.mesh_id, "shard", replicas.shard_id)
     async with EtcdSession(replicas.etcd_endpoints) as session:
         stored = await session.range(keys.records, keys.records_end, keys_only=True)
         chunks = await session.range(keys.chunks, prefix_end(keys.chunks), keys_only=True)

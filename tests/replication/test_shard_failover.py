@@ -35,7 +35,7 @@ SERVE_AGAIN_S = LEASE_TTL_S + 6.0
 async def _started_load(
     replicas: ReplicaSet,
 ) -> tuple[ShardLink, DepositLoad, asyncio.Task[None]]:
-    leader = LeaderAddress(replicas.etcd_endpoints, "shard", replicas.shard_id)
+    leader = LeaderAddress(replicas.etcd_endpoints, replicas.mesh_id, "shard", replicas.shard_id)
     link = ShardLink(leader)
     load, running = await start_deposit_load(link, range(1, USERS + 1))
     return link, load, running

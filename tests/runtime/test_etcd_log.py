@@ -37,7 +37,7 @@ async def session(etcd_endpoints: tuple[str, ...]) -> AsyncIterator[EtcdSession]
 
 @pytest.fixture
 def keys() -> GroupKeys:
-    return GroupKeys.of("test", f"etcd-log-{next(_prefixes)}")
+    return GroupKeys.of("test", "etcd-log", str(next(_prefixes)))
 
 
 async def lead(session: EtcdSession, keys: GroupKeys) -> int:

@@ -206,14 +206,14 @@ async def wait_until(condition: Callable[[], bool], *, timeout_s: float = WAIT_S
 class ExecuteStream:
     """One open Execute stream; results filed by correlation id."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, metadata: Sequence[tuple[str, str]] = ()) -> None:
         self._requests: asyncio.Queue[bytes | None] = asyncio.Queue()
         method = channel.stream_stream(
             EXECUTE_METHOD,
             request_serializer=None,
             response_deserializer=shard_pb2.ShardResultBatch.FromString,
         )
-        self._call = method(self._outgoing())
+        self._call = method(self._outgoing(), metadata=tuple(metadata) or None)
         self.parked: dict[int, list[shard_pb2.ShardResult]] = defaultdict(list)
         self.finals: dict[int, list[shard_pb2.ShardResult]] = defaultdict(list)
         self.error: grpc.RpcError | None = None
