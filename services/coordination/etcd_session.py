@@ -51,6 +51,17 @@ class Entry:
 
 
 @dataclass(frozen=True, slots=True)
+class StorageStatus:
+    """What the answering member's backend holds: the file's size, the part of it in
+    use (the rest is free pages a compaction released, reused before the file grows),
+    and the store's revision."""
+
+    db_size_bytes: int
+    db_size_in_use_bytes: int
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
 class WatchEvent:
     kind: str  # "put" or "delete"
     entry: Entry
@@ -231,6 +242,15 @@ class EtcdSession:
         await self._ready()
         with _translated():
             await self._kv.Compact(rpc.CompactionRequest(revision=revision), timeout=self.timeout_s)
+
+    async def storage(self) -> StorageStatus:
+        await self._ready()
+        with _translated():
+            response = await self._client.maintenancestub.Status(
+                rpc.StatusRequest(), timeout=self.timeout_s
+            )
+        self._seen(response.header)
+        return StorageStatus(response.dbSize, response.dbSizeInUse, response.header.revision)
 
     # --- leases ----------------------------------------------------------------------------
 
