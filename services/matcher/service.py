@@ -108,12 +108,18 @@ class MatcherServicer:
         fenced: list[WriterFenced] = []
 
         async def read_ahead() -> None:
-            async for payload in requests:
-                if refusal := superseded(self.fences, writer):
-                    fenced.append(refusal)  # a newer bridge writes now: nothing more of this
-                    break
-                # In turn, so the stream's batches keep their order in the log.
-                await window.put(await ingress.enqueue(payload))
+            try:
+                async for payload in requests:
+                    if refusal := superseded(self.fences, writer):
+                        fenced.append(refusal)  # a newer bridge writes now: nothing more
+                        break
+                    # In turn, so the stream's batches keep their order in the log.
+                    await window.put(await ingress.enqueue(payload))
+            except Exception:
+                # The answers loop ends, then `await reader` raises this, instead of the
+                # call waiting forever. (Cancelled: the call is going away anyway.)
+                await window.put(None)
+                raise
             await window.put(None)
 
         reader = asyncio.create_task(read_ahead())
