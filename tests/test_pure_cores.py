@@ -17,6 +17,7 @@ CORE_PACKAGES = [
     ROOT / "services" / "runtime" / "core",
     ROOT / "services" / "shard" / "core",
     ROOT / "services" / "matcher" / "core",
+    ROOT / "services" / "routing" / "core",
 ]
 FORBIDDEN_MODULES = {
     "asyncio",

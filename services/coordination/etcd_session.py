@@ -209,6 +209,26 @@ class EtcdSession:
         self._seen(response.header)
         return bool(response.succeeded)
 
+    async def swap(self, key: bytes, value: bytes, *, mod_revision: int) -> int | None:
+        """Put `key` only if it was last written at `mod_revision` (0: absent); the
+        revision of the write, or None if `key` changed in between."""
+        await self._ready()
+        request = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(
+                    key=key,
+                    result=rpc.Compare.EQUAL,
+                    target=rpc.Compare.MOD,
+                    mod_revision=mod_revision,
+                )
+            ],
+            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))],
+        )
+        with _translated():
+            response = await self._kv.Txn(request, timeout=self.timeout_s)
+        self._seen(response.header)
+        return int(response.header.revision) if response.succeeded else None
+
     async def create(self, key: bytes, value: bytes, *, lease: int) -> tuple[bool, Entry | None]:
         """Put `key` if it does not exist; (created, the key as it is now)."""
         await self._ready()

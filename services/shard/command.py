@@ -101,6 +101,8 @@ async def serve(settings: ShardServiceSettings) -> None:
             mark_interval_ms=settings.mark_interval_ms,
             saturation_dwell_ms=settings.saturation_dwell_ms,
             fences=fences,
+            etcd_endpoints=settings.etcd_endpoints,
+            mesh_id=settings.mesh_id,
         ).plan()
 
     try:

@@ -29,6 +29,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from protos.oms.v1 import shard_pb2
+from services.coordination.group_keys import DEFAULT_MESH_ID
 from services.coordination.writer_tokens import WriterFenced, WriterFences
 from services.observability.tracing import context_of, tracer
 from services.runtime.egress_feed import EgressWindowExceededError
@@ -41,6 +42,7 @@ from services.shard.core.egress import ShardResult, SubmitToMatcher
 from services.shard.core.shard_machine import ShardMachine
 from services.shard.egress_frames import EgressFrames, through_position_frame
 from services.shard.result_router import ResultRouter, Stamped
+from services.shard.routing_feed import RoutingFeed
 from services.shard.tick_mailbox import TickMailbox
 
 log = structlog.get_logger(__name__)
@@ -62,6 +64,8 @@ class ShardServicer:
         mark_interval_ms: int,
         saturation_dwell_ms: int,
         fences: WriterFences,
+        etcd_endpoints: Sequence[str] = (),
+        mesh_id: str = DEFAULT_MESH_ID,
     ) -> None:
         self.host = host
         self.fences = fences  # the bridge's and the reconciler's terms (tokens on Execute)
@@ -74,6 +78,16 @@ class ShardServicer:
         self.marks = TickMailbox()
         self.frames = EgressFrames()
         self.saturation_alerts = 0
+        # With etcd, the leader logs each newer routing document (services/routing).
+        self.routing = (
+            RoutingFeed(etcd_endpoints, mesh_id, lambda: host.ingress, self._routing_epoch)
+            if etcd_endpoints
+            else None
+        )
+
+    def _routing_epoch(self) -> int:
+        routing = self.machine.state.routing
+        return 0 if routing is None else routing.epoch
 
     # --- Execute ---------------------------------------------------------------------
 
@@ -382,7 +396,12 @@ class ShardServicer:
         return HostPlan(
             service_names=(SERVICE_NAME,),
             register=self.register,
-            loops=[self.route_final_results, self.log_conflated_marks, self.watch_saturation],
+            loops=[
+                self.route_final_results,
+                self.log_conflated_marks,
+                self.watch_saturation,
+                *([self.routing.run] if self.routing is not None else []),
+            ],
         )
 
 

@@ -45,6 +45,12 @@ def mesh_id() -> str:
 
 
 @pytest.fixture
+def environment(etcd_endpoints: tuple[str, ...], mesh_id: str) -> dict[str, str]:
+    """A receiver that checks tokens against this test's mesh in the session's etcd."""
+    return {"OMS_ETCD_ENDPOINTS": ",".join(etcd_endpoints), "OMS_MESH_ID": mesh_id}
+
+
+@pytest.fixture
 async def etcd(etcd_endpoints: tuple[str, ...], mesh_id: str) -> AsyncIterator[EtcdSession]:
     async with EtcdSession(etcd_endpoints) as session:
         yield session
@@ -101,9 +107,8 @@ async def _refused_on_next_batch(
 
 
 async def test_the_matcher_serves_only_the_bridge_s_current_term(
-    tmp_path: Path, etcd_endpoints: tuple[str, ...], etcd: EtcdSession, mesh_id: str
+    tmp_path: Path, environment: dict[str, str], etcd: EtcdSession, mesh_id: str
 ) -> None:
-    environment = {"OMS_ETCD_ENDPOINTS": ",".join(etcd_endpoints), "OMS_MESH_ID": mesh_id}
     with MatcherProcess(tmp_path / "matcher", environment=environment) as matcher:
         await _matcher_fences(matcher, etcd, mesh_id)
 
@@ -138,9 +143,8 @@ async def _matcher_fences(matcher: MatcherProcess, etcd: EtcdSession, mesh_id: s
 
 
 async def test_the_shard_serves_only_the_reconciler_s_current_term(
-    tmp_path: Path, etcd_endpoints: tuple[str, ...], etcd: EtcdSession, mesh_id: str
+    tmp_path: Path, environment: dict[str, str], etcd: EtcdSession, mesh_id: str
 ) -> None:
-    environment = {"OMS_ETCD_ENDPOINTS": ",".join(etcd_endpoints), "OMS_MESH_ID": mesh_id}
     with ShardProcess(tmp_path / "shard", environment=environment) as shard:
         await _shard_fences(shard, etcd, mesh_id)
 

@@ -26,6 +26,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from services.routing.core.routing_document import Cluster, ClusterState, RoutingDocument
 from services.runtime.core.state_machine import ApplyContext
 from services.shard.core.commands import (
     CancelOrder,
@@ -41,6 +42,7 @@ from services.shard.core.commands import (
     PlaceOrder,
     Reconcile,
     ReconciledOrder,
+    SetRouting,
     Withdraw,
 )
 from services.shard.core.digest import actor_digest
@@ -116,6 +118,7 @@ class World:
         self.places: dict[int, PlaceOrder] = {}  # correlation id -> place
         self.transfers: dict[int, Deposit | Withdraw] = {}  # correlation id -> transfer
         self.next_client_id = 0
+        self.routing_epoch = 0
 
     @property
     def machine(self) -> ShardMachine:
@@ -390,6 +393,7 @@ STEPS = (
     "dedup",
     "marks",
     "reconcile",
+    "routing",
     "restart",
 )
 
@@ -459,6 +463,18 @@ def _step(world: World, data: st.DataObject, step: str) -> None:
         )
         report = Reconcile(correlation(), user, group, world.sequences[group], listed)
         world.apply([report], 1)
+        return
+    if step == "routing":
+        # Another shard appears and takes some users by pin (the rest stay pinned here,
+        # whatever the hash says), or an old epoch arrives late and changes nothing.
+        stale = world.routing_epoch > 0 and data.draw(st.integers(0, 3)) == 0
+        epoch = world.routing_epoch if stale else world.routing_epoch + 1
+        elsewhere = data.draw(st.sets(st.sampled_from((*USERS, UNKNOWN_USER)), max_size=2))
+        pins = {user: "s9" if user in elsewhere else SHARD for user in (*USERS, UNKNOWN_USER)}
+        clusters = [Cluster(SHARD, ClusterState.ACTIVE), Cluster("s9", ClusterState.ACTIVE)]
+        document = RoutingDocument.build(max(1, epoch), clusters, pins)
+        world.apply([SetRouting(correlation(), document.encode())], 1)
+        world.routing_epoch = max(world.routing_epoch, epoch)
         return
     if step == "restart":
         world.restart_second_replica()

@@ -33,6 +33,7 @@ from services.shard.core.commands import (
     Reconcile,
     ReconciledOrder,
     SetRiskLimits,
+    SetRouting,
     Withdraw,
 )
 from services.shard.core.egress import (
@@ -165,6 +166,8 @@ def decode_command(message: shard_pb2.ShardCommand) -> Command:
         return SetRiskLimits(
             correlation_id, s.user_id, limits_from_protobuf(s.limits), s.clear_reduce_only
         )
+    if which == "set_routing":
+        return SetRouting(correlation_id, message.set_routing.document)
     return MalformedCommand(correlation_id, "no command set")
 
 
@@ -303,6 +306,7 @@ def egress_to_protobuf(
         r.order_id = item.order_id
         r.status = _OrderStatus(item.status)
         r.parked = item.parked
+        r.routing_epoch = item.routing_epoch
         r.stamp.position = position
         r.stamp.consensus_time_ms = consensus_time_ms
     elif isinstance(item, SubmitToMatcher):
@@ -482,6 +486,8 @@ def command_to_protobuf(command: Command) -> shard_pb2.ShardCommand:
         message.set_risk_limits.user_id = command.user_id
         fill_limits(message.set_risk_limits.limits, command.limits)
         message.set_risk_limits.clear_reduce_only = command.clear_reduce_only
+    elif isinstance(command, SetRouting):
+        message.set_routing.document = command.document
     # MalformedCommand: an empty ShardCommand, which decodes back to MalformedCommand.
     return message
 

@@ -147,6 +147,13 @@ class SetRiskLimits(NamedTuple):
     clear_reduce_only: bool
 
 
+class SetRouting(NamedTuple):
+    """A routing document (its canonical bytes) of a newer epoch than the shard's."""
+
+    correlation_id: int
+    document: bytes
+
+
 class MalformedCommand(NamedTuple):
     """A batch item that decoded as protobuf but is not a command (no oneof, bad fields)."""
 
@@ -167,6 +174,7 @@ Command = (
     | Reconcile
     | DedupAnswer
     | SetRiskLimits
+    | SetRouting
     | MalformedCommand
 )
 

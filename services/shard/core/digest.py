@@ -83,6 +83,7 @@ def state_hash(state: ShardState) -> bytes:
             for user_id, pending in state.hydrations.items()
         ),
         tuple(reconcile_plain(report) for report in state.deferred_reconciles),
+        state.routing_raw,
     )
     return hashlib.blake2b(
         state.settings.fingerprint() + repr(shard_part).encode(),

@@ -30,6 +30,7 @@ class ShardResult(NamedTuple):
     order_id: str = ""
     status: int = 0  # OrderStatus
     parked: bool = False  # waiting for hydration or a DB dedup answer; a final result follows
+    routing_epoch: int = 0  # with NOT_OWNER: the epoch the shard decided under
 
 
 class SubmitToMatcher(NamedTuple):

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from services.routing.core.routing_document import RoutingDocument, RoutingDocumentError
 from services.runtime.core.state_machine import ApplyContext
 from services.shard.core import digest, snapshot
 from services.shard.core.actor import (
@@ -55,6 +56,7 @@ from services.shard.core.commands import (
     PlaceOrder,
     Reconcile,
     SetRiskLimits,
+    SetRouting,
     Withdraw,
 )
 from services.shard.core.egress import CancelToMatcher, Egress, ShardResult, SubmitToMatcher
@@ -74,6 +76,7 @@ from services.shard.core.user_state import UserState
 from services.shard.core.vocabulary import PENDING, RejectReason
 
 _MALFORMED = int(RejectReason.MALFORMED)
+_NOT_OWNER = int(RejectReason.NOT_OWNER)
 ClientAction = Callable[[UserActor, Any, int, list[Egress]], None]
 
 
@@ -113,6 +116,7 @@ class ShardMachine:
             Reconcile: self._on_reconcile,
             DedupAnswer: self._on_dedup_answer,
             SetRiskLimits: self._on_set_risk_limits,
+            SetRouting: self._on_set_routing,
             MalformedCommand: self._on_malformed,
         }
 
@@ -300,7 +304,44 @@ class ShardMachine:
 
     # --- client commands -------------------------------------------------------------
 
+    def _not_owner(self, command: ClientCommand, out: list[Egress]) -> bool:
+        """Refuse (NOT_OWNER, with the shard's epoch) a command for a user the routing
+        document gives to another shard; nothing changes. Checked before anything else:
+        the user's state here, if any, is not the one that counts."""
+        routing = self.state.routing
+        if routing is None or routing.owner_of(command.user_id) == self.state.shard_id:
+            return False
+        self.state.counters.refused_not_owner += 1
+        out.append(
+            ShardResult(
+                command.correlation_id, False, _NOT_OWNER, 0, True, routing_epoch=routing.epoch
+            )
+        )
+        return True
+
+    def _on_set_routing(self, command: SetRouting, now: int, out: list[Egress]) -> None:
+        """A newer epoch decides ownership from here on; an older or equal one, or a
+        document that does not decode, changes nothing."""
+        state = self.state
+        try:
+            document = RoutingDocument.decode(command.document)
+        except RoutingDocumentError:
+            state.counters.routing_documents_refused += 1
+            out.append(refused(command.correlation_id, _MALFORMED))
+            return
+        current = state.routing.epoch if state.routing is not None else 0
+        if document.epoch <= current:
+            state.counters.routing_documents_stale += 1
+        else:
+            state.routing, state.routing_raw = document, document.encode()
+            state.counters.routing_epochs += 1
+        out.append(
+            ShardResult(command.correlation_id, True, routing_epoch=max(current, document.epoch))
+        )
+
     def _on_place(self, command: PlaceOrder, now: int, out: list[Egress]) -> None:
+        if self._not_owner(command, out):
+            return
         reason = self.saga.place_problem(command, now)
         if reason:
             self.state.counters.orders_refused += 1
@@ -309,6 +350,8 @@ class ShardMachine:
         self._to_actor(command, now, out)
 
     def _on_cancel(self, command: CancelOrder, now: int, out: list[Egress]) -> None:
+        if self._not_owner(command, out):
+            return
         reason = self.saga.cancel_problem(command)
         if reason:
             out.append(refused(command.correlation_id, reason))
@@ -316,6 +359,8 @@ class ShardMachine:
         self._to_actor(command, now, out)
 
     def _on_transfer(self, command: Deposit | Withdraw, now: int, out: list[Egress]) -> None:
+        if self._not_owner(command, out):
+            return
         reason = self.funding.transfer_problem(command)
         if reason:
             out.append(refused(command.correlation_id, reason))
@@ -323,6 +368,8 @@ class ShardMachine:
         self._to_actor(command, now, out)
 
     def _on_set_risk_limits(self, command: SetRiskLimits, now: int, out: list[Egress]) -> None:
+        if self._not_owner(command, out):
+            return
         if command.limits.problems():
             out.append(refused(command.correlation_id, _MALFORMED))
             return

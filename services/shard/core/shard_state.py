@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
+from services.routing.core.routing_document import RoutingDocument
 from services.shard.core.accounts import ShardAccounts
 from services.shard.core.actor import DEHYDRATING, HALTED, QUARANTINED, RESIDENT, UserActor
 from services.shard.core.commands import ClientCommand, MatcherEvent, Reconcile
@@ -78,6 +79,10 @@ class ShardState:
         self.holders: dict[str, dict[int, None]] = {name: {} for name in self.symbols}
         self.sequences: dict[str, int] = {}  # matcher group -> last applied sequence
         self.hydrations: dict[int, PendingHydration] = {}
+        # The mesh's routing document as of this log position (SetRouting), and its
+        # canonical bytes; None: no document yet, the shard owns every user it is sent.
+        self.routing: RoutingDocument | None = None
+        self.routing_raw = b""
         self.parked_client_commands = 0
         self.dedup_waits: dict[int, None] = {}  # users with a DB dedup lookup out
         self.deferred_reconciles: list[Reconcile] = []

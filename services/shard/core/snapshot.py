@@ -19,6 +19,7 @@ import io
 import pickle
 from typing import Any
 
+from services.routing.core.routing_document import RoutingDocument
 from services.shard.core.actor import DEHYDRATING, HALTED, QUARANTINED, DedupWait, UserActor
 from services.shard.core.commands import (
     CancelOrder,
@@ -40,7 +41,8 @@ from services.shard.core.risk import NO_LIMITS, RiskLimits
 from services.shard.core.shard_state import ParkedEvent, ParkedItem, PendingHydration, ShardState
 from services.shard.core.statistics import SweepStatistics
 
-SNAPSHOT_VERSION = 2  # 2: actors keep their last matcher event sequences
+SNAPSHOT_VERSION = 3  # 2: actors keep their last matcher event sequences; 3: routing
+_READABLE_VERSIONS = {2: 20, 3: 21}  # version -> fields (a 2 has no routing document)
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -239,6 +241,7 @@ def encode(state: ShardState) -> bytes:
             state.last_sweep.evicted,
             state.last_sweep.requeued,
         ),
+        state.routing_raw,
     )
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=5)
@@ -260,8 +263,13 @@ def decode_into(state: ShardState, data: bytes) -> None:
         raise
     except Exception as error:
         raise SnapshotFormatError(f"not a shard snapshot: {error}") from error
-    if not isinstance(payload, tuple) or len(payload) != 20 or payload[0] != SNAPSHOT_VERSION:
-        raise SnapshotFormatError("not a shard snapshot of this version")
+    if (
+        not isinstance(payload, tuple)
+        or not payload
+        or _READABLE_VERSIONS.get(payload[0]) != len(payload)
+    ):
+        raise SnapshotFormatError("not a shard snapshot of a version this code reads")
+    routing_raw = payload[20] if len(payload) > 20 else b""
     (
         _,
         fingerprint,
@@ -283,7 +291,7 @@ def decode_into(state: ShardState, data: bytes) -> None:
         dedup_waits,
         counters,
         last_sweep,
-    ) = payload
+    ) = payload[:20]
     if fingerprint != state.settings.fingerprint():
         raise SnapshotFormatError("snapshot was taken with different shard settings")
     try:
@@ -319,5 +327,8 @@ def decode_into(state: ShardState, data: bytes) -> None:
         state.dedup_waits = dict.fromkeys(dedup_waits)
         state.counters.restore_plain(counters)
         state.last_sweep = SweepStatistics(*last_sweep)
+        if routing_raw:
+            state.routing = RoutingDocument.decode(routing_raw)
+            state.routing_raw = routing_raw
     except (TypeError, ValueError, KeyError) as error:
         raise SnapshotFormatError(f"malformed shard snapshot: {error}") from error

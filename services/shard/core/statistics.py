@@ -66,6 +66,10 @@ COUNTER_NAMES = (
     "risk_alerts",
     "sweeps",
     "sweep_visits_total",
+    "routing_epochs",
+    "routing_documents_stale",
+    "routing_documents_refused",
+    "refused_not_owner",
 )
 
 
@@ -128,6 +132,10 @@ class ShardCounters:
     risk_alerts: int
     sweeps: int
     sweep_visits_total: int
+    routing_epochs: int
+    routing_documents_stale: int
+    routing_documents_refused: int
+    refused_not_owner: int
 
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
@@ -137,9 +145,12 @@ class ShardCounters:
         return tuple(getattr(self, name) for name in COUNTER_NAMES)
 
     def restore_plain(self, values: tuple[int, ...]) -> None:
-        if len(values) != len(COUNTER_NAMES):
+        # An older snapshot has fewer counters (new ones are appended): they start at 0.
+        if len(values) > len(COUNTER_NAMES):
             raise ValueError("counter snapshot does not match this version")
-        for name, value in zip(COUNTER_NAMES, values, strict=True):
+        for name in COUNTER_NAMES:
+            setattr(self, name, 0)
+        for name, value in zip(COUNTER_NAMES, values, strict=False):
             setattr(self, name, int(value))
 
 

@@ -1,0 +1,1 @@
+"""User routing: which user shard (cluster) owns a user, under which epoch."""
