@@ -56,6 +56,11 @@ def describe(stored: StoredRouting | None) -> str:
     lines += [f"  user {user} -> {cluster}" for user, cluster in document.pins.items()]
     lines.append(f"moves: {len(document.moves)}")
     lines += [f"  user {user} -> {cluster}" for user, cluster in document.moves.items()]
+    lines.append(f"in transit: {len(document.transit)}")
+    lines += [
+        f"  user {user} {t.source} -> {t.destination}" + (" (pin)" if t.pin else "")
+        for user, t in document.transit.items()
+    ]
     return "\n".join(lines)
 
 
@@ -87,7 +92,7 @@ async def run(arguments: argparse.Namespace, settings: OmsctlSettings) -> str:
             return describe(await store.read())
         if arguments.action == "owner":
             document = _current(await store.read())
-            owner = document.owner_of(arguments.user_id)
+            owner = document.owner_of(arguments.user_id) or "in transit (owned by none)"
             return f"user {arguments.user_id}: {owner} (epoch {document.epoch})"
         if arguments.action == "init":
             clusters = [c for c in arguments.clusters.split(",") if c]

@@ -320,6 +320,8 @@ class ShardServicer:
                 dehydrated_out=books.dehydrated_out[asset],
             )
         status.counters["saturation_alerts"] = self.saturation_alerts
+        status.counters["routing_epoch"] = statistics.routing_epoch
+        status.counters["leaving_users"] = statistics.leaving_users
         mailbox = self.marks.statistics()
         status.counters["ticks_received"] = mailbox.received
         status.counters["ticks_conflated"] = mailbox.replaced

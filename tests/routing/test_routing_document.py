@@ -10,13 +10,16 @@ from hypothesis import strategies as st
 
 from services.routing.core.hrw import rendezvous_owner
 from services.routing.core.routing_document import (
+    LEAVING,
     Cluster,
     ClusterState,
     RoutingDocument,
     RoutingDocumentError,
+    Transit,
 )
 
 ACTIVE, RECEIVING, DRAINING = ClusterState.ACTIVE, ClusterState.RECEIVING, ClusterState.DRAINING
+ARRIVING, DEPARTING = ClusterState.ARRIVING, ClusterState.DEPARTING
 
 
 def _document(**overrides: object) -> RoutingDocument:
@@ -58,12 +61,18 @@ def _documents(draw: st.DrawFn) -> RoutingDocument:
     ids = draw(_cluster_ids)
     states = [ACTIVE] + [draw(st.sampled_from(list(ClusterState))) for _ in ids[1:]]
     clusters = [Cluster(cluster_id, state) for cluster_id, state in zip(ids, states, strict=True)]
-    takers = [c.cluster_id for c in clusters if c.state != DRAINING]
-    users = draw(st.lists(st.integers(1, 10**12), unique=True, max_size=20))
-    half = len(users) // 2
-    pins = {user: draw(st.sampled_from(takers)) for user in users[:half]}
-    moves = {user: draw(st.sampled_from(takers)) for user in users[half:]}
-    return RoutingDocument.build(draw(st.integers(1, 2**40)), clusters, pins, moves)
+    takers = [c.cluster_id for c in clusters if c.state not in LEAVING]
+    users = draw(st.lists(st.integers(1, 10**12), unique=True, max_size=21))
+    third = len(users) // 3
+    pins = {user: draw(st.sampled_from(takers)) for user in users[:third]}
+    moves = {user: draw(st.sampled_from(takers)) for user in users[third : 2 * third]}
+    transit = {}
+    if len(ids) > 1:
+        for user in users[2 * third :]:
+            destination = draw(st.sampled_from(takers))
+            source = draw(st.sampled_from([c for c in ids if c != destination]))
+            transit[user] = Transit(source, destination, draw(st.booleans()), draw(st.booleans()))
+    return RoutingDocument.build(draw(st.integers(1, 2**40)), clusters, pins, moves, transit)
 
 
 @given(_documents())
@@ -73,8 +82,42 @@ def test_decode_inverts_encode_and_the_bytes_are_one_per_document(
     decoded = RoutingDocument.decode(document.encode())
     assert decoded == document
     assert decoded.encode() == document.encode()
-    for user_id in (*document.pins, *document.moves, 1, 2, 3):
+    for user_id in (*document.pins, *document.moves, *document.transit, 1, 2, 3):
         assert decoded.owner_of(user_id) == document.owner_of(user_id)
+    for user_id in document.transit:
+        assert document.owner_of(user_id) is None
+
+
+def test_a_cut_over_puts_in_transit_exactly_the_users_the_hash_moves() -> None:
+    """Joining: the users hashing to the arriving cluster are owned by nobody for the
+    cut-over epoch; leaving: the users hashing to the departing one are. Everyone else
+    keeps its owner, and nobody is ever owned by a cluster the hash does not pick."""
+    users = range(1, 3001)
+    arriving = RoutingDocument.build(
+        3, [Cluster("c1", ACTIVE), Cluster("c2", ACTIVE), Cluster("c3", ARRIVING)]
+    )
+    departing = RoutingDocument.build(
+        3, [Cluster("c1", ACTIVE), Cluster("c2", ACTIVE), Cluster("c3", DEPARTING)]
+    )
+    for user in users:
+        two, three = (
+            rendezvous_owner(user, ["c1", "c2"]),
+            rendezvous_owner(user, ["c1", "c2", "c3"]),
+        )
+        assert arriving.owner_of(user) == (two if three == two else None)
+        assert arriving.hash_owner_after(user) == three
+        assert departing.owner_of(user) == (three if three == two else None)
+        assert departing.hash_owner_after(user) == two
+    moved = sum(arriving.owner_of(user) is None for user in users)
+    assert 800 < moved < 1200  # about a third
+
+
+def test_transit_is_encoded_only_when_there_is_some() -> None:
+    document = _document(moves={}, transit={9: Transit("c2", "c3", False, True)})
+    assert document.encode().endswith(
+        b'"transit":{"9":{"from":"c2","pin":true,"pinned":false,"to":"c3"}}}'
+    )
+    assert b"transit" not in _document().encode()
 
 
 @pytest.mark.parametrize(
@@ -108,7 +151,33 @@ def test_decode_inverts_encode_and_the_bytes_are_one_per_document(
         (
             b'{"epoch":1,"clusters":[{"id":"c1","state":"active"}],'
             b'"pins":{"7":"c1"},"moves":{"7":"c1"}}',
-            "both pinned and moved",
+            "in both pins and moves",
+        ),
+        (
+            b'{"epoch":1,"clusters":[{"id":"c1","state":"active"},'
+            b'{"id":"c2","state":"departing"}],'
+            b'"transit":{"7":{"from":"c1","to":"c2","pinned":false,"pin":false}}}',
+            "a departing cluster takes no users",
+        ),
+        (
+            b'{"epoch":1,"clusters":[{"id":"c1","state":"active"}],'
+            b'"transit":{"7":{"from":"c1","to":"c1","pinned":false,"pin":false}}}',
+            "from and to are both c1",
+        ),
+        (
+            b'{"epoch":1,"clusters":[{"id":"c1","state":"active"}],'
+            b'"transit":{"7":{"from":"c1","to":"c9","pinned":false,"pin":false}}}',
+            "no cluster 'c9' \\(to\\)",
+        ),
+        (
+            b'{"epoch":1,"clusters":[{"id":"c1","state":"active"}],'
+            b'"transit":{"7":{"from":"c1","to":"c2"}}}',
+            "is not user -> {from, to, pinned, pin}",
+        ),
+        (
+            b'{"epoch":1,"clusters":[{"id":"c1","state":"active"},{"id":"c2","state":"active"}],'
+            b'"moves":{"7":"c1"},"transit":{"7":{"from":"c1","to":"c2","pinned":false,"pin":false}}}',
+            "in both moves and transit",
         ),
         (
             b'{"epoch":1,"clusters":[{"id":"c1","state":"active"}],"pins":{"0":"c1"}}',

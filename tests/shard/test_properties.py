@@ -26,7 +26,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.routing.core.routing_document import Cluster, ClusterState, RoutingDocument
+from services.routing.core.routing_document import (
+    Cluster,
+    ClusterState,
+    RoutingDocument,
+    Transit,
+)
 from services.runtime.core.state_machine import ApplyContext
 from services.shard.core.commands import (
     CancelOrder,
@@ -469,10 +474,18 @@ def _step(world: World, data: st.DataObject, step: str) -> None:
         # whatever the hash says), or an old epoch arrives late and changes nothing.
         stale = world.routing_epoch > 0 and data.draw(st.integers(0, 3)) == 0
         epoch = world.routing_epoch if stale else world.routing_epoch + 1
+        # A user given away is pinned elsewhere or in transit (owned by nobody): either
+        # way this shard lets it go once flat, and its matcher events still land here.
         elsewhere = data.draw(st.sets(st.sampled_from((*USERS, UNKNOWN_USER)), max_size=2))
-        pins = {user: "s9" if user in elsewhere else SHARD for user in (*USERS, UNKNOWN_USER)}
+        moving = {user for user in elsewhere if data.draw(st.booleans())}
+        pins = {
+            user: "s9" if user in elsewhere else SHARD
+            for user in (*USERS, UNKNOWN_USER)
+            if user not in moving
+        }
+        transit = {user: Transit(SHARD, "s9") for user in moving}
         clusters = [Cluster(SHARD, ClusterState.ACTIVE), Cluster("s9", ClusterState.ACTIVE)]
-        document = RoutingDocument.build(max(1, epoch), clusters, pins)
+        document = RoutingDocument.build(max(1, epoch), clusters, pins, transit=transit)
         world.apply([SetRouting(correlation(), document.encode())], 1)
         world.routing_epoch = max(world.routing_epoch, epoch)
         return

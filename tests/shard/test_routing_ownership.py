@@ -12,13 +12,18 @@ import pickle
 import pytest
 
 from services.routing.core.hrw import rendezvous_owner
-from services.routing.core.routing_document import Cluster, ClusterState, RoutingDocument
+from services.routing.core.routing_document import (
+    Cluster,
+    ClusterState,
+    RoutingDocument,
+    Transit,
+)
 from services.shard.core.codec import decode_command_batch, encode_command_batch
 from services.shard.core.commands import SetRouting
-from services.shard.core.egress import ShardResult
+from services.shard.core.egress import BeginDehydrate, ShardResult
 from services.shard.core.errors import SnapshotFormatError
 from services.shard.core.vocabulary import RejectReason
-from tests.shard.support import SHARD, ShardDriver, only, results
+from tests.shard.support import SHARD, ShardDriver, of_type, only, results
 
 OTHER = "s2"
 
@@ -125,3 +130,72 @@ def test_a_snapshot_from_before_routing_is_read_with_no_document() -> None:
     assert twin.state.routing is None
     with pytest.raises(SnapshotFormatError):
         twin.restore(pickle.dumps((2, *payload[1:]), protocol=5))  # a 2 with 21 fields
+
+
+# --- letting go: users a newer epoch gives away -----------------------------------------
+
+
+def _transit(epoch: int, user_id: int) -> RoutingDocument:
+    clusters = [Cluster(SHARD, ClusterState.ACTIVE), Cluster(OTHER, ClusterState.ACTIVE)]
+    return RoutingDocument.build(epoch, clusters, transit={user_id: Transit(SHARD, OTHER)})
+
+
+def test_a_flat_user_given_away_is_evicted_at_once_and_not_hydrated_again() -> None:
+    driver = ShardDriver()
+    user = _users_of(SHARD, 1)[0]
+    driver.resident(user, USDT=1_000)
+    out = driver.run(SetRouting(driver.next_correlation(), _transit(2, user).encode()))
+    begin = only(out, BeginDehydrate)  # at the epoch's position, not after the idle TTL
+    assert begin.user_id == user
+    statistics = driver.machine.statistics()
+    assert (statistics.routing_epoch, statistics.leaving_users) == (2, 1)
+    driver.run(driver.flush_complete(user, begin.epoch, begin.state.db_version + 1))
+    assert driver.machine.actor(user) is None
+    assert driver.machine.statistics().leaving_users == 0
+    # A late hydrate-ahead for it lands nowhere: the new owner will hydrate it.
+    driver.run(driver.hydrate(user, balances={"USDT": 1_000}))
+    assert driver.machine.actor(user) is None
+    assert dict(driver.machine.statistics().counters)["hydrations_not_owned"] == 1
+
+
+def test_a_user_with_an_open_order_leaves_once_flat_and_its_fills_still_land() -> None:
+    driver = ShardDriver()
+    user = _users_of(SHARD, 1)[0]
+    driver.resident(user, USDT=100_000)
+    order_id = driver.accepted_order(user, "a", price_ticks=100, quantity_lots=2)
+    out = driver.run(SetRouting(driver.next_correlation(), _transit(2, user).encode()))
+    assert not of_type(out, BeginDehydrate)  # an open order: not flat, it stays
+    refused_place = only(driver.run(driver.place(user, "b")), ShardResult)
+    assert refused_place.reject_reason == RejectReason.NOT_OWNER and refused_place.retryable
+    assert not of_type(driver.tick(1_000), BeginDehydrate)
+    fill = driver.fill(order_id, user, price_ticks=100, quantity_lots=2, done=True)
+    driver.run(driver.events("g1", fill))  # the matcher's events still land here
+    begin = only(driver.tick(1_000), BeginDehydrate)  # flat now: the next tick lets go
+    assert begin.user_id == user
+    assert dict(begin.state.balances)["BTC"] == 2 * 1_000  # the fill went with it
+
+
+def test_commands_parked_for_a_hydration_are_refused_when_the_user_is_given_away() -> None:
+    driver = ShardDriver()
+    user = _users_of(SHARD, 1)[0]
+    parked = only(driver.run(driver.place(user, "a")), ShardResult)
+    assert parked.parked
+    out = driver.run(SetRouting(driver.next_correlation(), _transit(2, user).encode()))
+    final = [r for r in results(out) if r.correlation_id == parked.correlation_id]
+    assert final and final[0].reject_reason == RejectReason.NOT_OWNER and final[0].retryable
+    assert final[0].routing_epoch == 2
+    assert driver.machine.statistics().parked_commands == 0
+    driver.run(driver.hydrate(user, balances={"USDT": 1_000}))  # the answer comes anyway
+    assert driver.machine.actor(user) is None
+
+
+def test_leaving_is_rebuilt_on_restore_and_a_returned_user_stays() -> None:
+    driver = ShardDriver()
+    user = _users_of(SHARD, 1)[0]
+    driver.resident(user, USDT=100_000)
+    driver.accepted_order(user, "a")
+    driver.run(SetRouting(driver.next_correlation(), _transit(2, user).encode()))
+    assert driver.replica().statistics().leaving_users == 1
+    driver.run(SetRouting(driver.next_correlation(), _routing(3).encode()))  # sent back
+    assert driver.machine.statistics().leaving_users == 0
+    assert results(driver.run(driver.place(user, "b")))[0].accepted

@@ -73,9 +73,16 @@ async def test_the_shard_logs_each_epoch_and_refuses_users_it_does_not_own(
             assert answers[-1].retryable and not answers[-1].accepted
             assert (await _deposit_answer(stream, mine)).accepted
 
-            # Epoch 2 pins the other shard's user here: the same command goes through.
+            # Epoch 2 pins the other shard's user here: the same command goes through,
+            # once the user is hydrated here (a hydration of a user this shard did not
+            # own was dropped; with a persister the deposit would have asked for one).
             await routing.swap(first, _document(2, pins={theirs: SHARD}))
-            await _until(lambda: _accepted(stream, theirs), answers)
+
+            async def hydrated_and_accepted() -> bool:
+                stream.send(hydrate(theirs, balances=[("USDT", 100)]))
+                return await _accepted(stream, theirs)
+
+            await _until(hydrated_and_accepted, answers)
             stream.cancel()
 
     # Restarted on its folder: it still decides with epoch 2.

@@ -1,23 +1,33 @@
-"""Changes to a routing document that move no user: each returns the next epoch's
-document, or refuses with `RoutingDocumentError` saying why.
+"""Changes to a routing document: each returns the next epoch's document, or refuses
+with `RoutingDocumentError` saying why.
 
-Only changes that leave every user's owner where it was live here: a first document,
-a cluster joining as `receiving` (it owns nobody by hash until it is made active), and
-an `active` cluster starting to drain (it keeps owning its users by hash until the
-waves have moved them). Changes that move users (making a cluster active, removing a
-drained one, pins, tier changes) must run as fenced waves: quiesce, flush, evict,
-flip; they are not built yet (issue 12).
+Changes that move nobody: a first document, a cluster joining as `receiving` (it owns
+nobody by hash until it is made active), and an `active` cluster starting to drain (it
+keeps owning its users by hash until the waves have moved them).
+
+A user moves in two epochs, never one, so no epoch has it owned twice:
+1. `with_in_transit`: owned by nobody; its old owner refuses it and lets it go once
+   flat (quiesce, flush with the versioned CAS, evict);
+2. once the old owner has let go (the wave controller checks), `with_landed` gives
+   it to its new owner (a move or a pin), which hydrates it from PostgreSQL on its
+   next command; `with_returned` gives it back instead (a user that would not go flat).
+A membership change does the same for every user the hash moves, without listing
+them: `with_cut_over` (receiving -> arriving, draining -> departing) puts them all in
+transit for one epoch, `with_cut_over_done` (arriving -> active, departing -> gone)
+lands them. Resident users go ahead of that in waves, each a transit of a few.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from services.routing.core.routing_document import (
+    LEAVING,
     Cluster,
     ClusterState,
     RoutingDocument,
     RoutingDocumentError,
+    Transit,
 )
 
 
@@ -65,3 +75,132 @@ def with_cluster_draining(document: RoutingDocument, cluster_id: str) -> Routing
         for c in document.clusters
     ]
     return RoutingDocument.build(document.epoch + 1, clusters, document.pins, document.moves)
+
+
+# --- moving users: transit, then landed or returned -------------------------------------
+
+
+def with_in_transit(
+    document: RoutingDocument, destinations: Mapping[int, str], *, pin: bool = False
+) -> RoutingDocument:
+    """Each user of `destinations` in transit from its owner now to its destination
+    (landing as a pin when `pin`). A user already in transit, or whose owner is already
+    the destination, is refused: the caller decides again on what it reads."""
+    pins, moves, transit = dict(document.pins), dict(document.moves), dict(document.transit)
+    for user_id, destination in sorted(destinations.items()):
+        source = document.owner_of(user_id)
+        if source is None:
+            raise RoutingDocumentError(f"user {user_id} is already in transit")
+        if source == destination:
+            raise RoutingDocumentError(f"user {user_id} is on {destination} already")
+        pinned = pins.pop(user_id, None) is not None
+        moves.pop(user_id, None)
+        transit[user_id] = Transit(source, destination, pinned, pin)
+    return RoutingDocument.build(document.epoch + 1, document.clusters, pins, moves, transit)
+
+
+def with_landed(document: RoutingDocument, users: Iterable[int]) -> RoutingDocument:
+    """Each user of `users` (in transit) owned by its destination: a pin if it lands as
+    one, else a move, or nothing when the hash already gives it there."""
+    return _ended(document, users, forward=True)
+
+
+def with_returned(document: RoutingDocument, users: Iterable[int]) -> RoutingDocument:
+    """Each user of `users` (in transit) owned by its source again, as it was (pinned
+    there if it was): for a user that did not go flat in time."""
+    return _ended(document, users, forward=False)
+
+
+def _ended(document: RoutingDocument, users: Iterable[int], *, forward: bool) -> RoutingDocument:
+    pins, moves, transit = dict(document.pins), dict(document.moves), dict(document.transit)
+    for user_id in sorted(set(users)):
+        entry = transit.pop(user_id, None)
+        if entry is None:
+            raise RoutingDocumentError(f"user {user_id} is not in transit")
+        owner = entry.destination if forward else entry.source
+        as_pin = entry.pin if forward else entry.pinned
+        if as_pin:
+            pins[user_id] = owner
+        elif _owner_by_hash(document, user_id) != owner:
+            state = _state(document, owner)
+            if state in LEAVING:
+                raise RoutingDocumentError(
+                    f"user {user_id} cannot go back to {owner}: it is {state.value}"
+                )
+            moves[user_id] = owner
+    return RoutingDocument.build(document.epoch + 1, document.clusters, pins, moves, transit)
+
+
+# --- membership: the cut-over epoch ---------------------------------------------------
+
+
+def with_cut_over(document: RoutingDocument, cluster_id: str) -> RoutingDocument:
+    """The cut-over of `cluster_id`: receiving -> arriving (the users the hash gives it
+    are in transit), or draining -> departing (the users it owns by hash are). One
+    membership change at a time."""
+    state = _state(document, cluster_id)
+    if document.cutting_over:
+        raise RoutingDocumentError(f"a cut-over is already under way in epoch {document.epoch}")
+    following = {ClusterState.RECEIVING: ClusterState.ARRIVING}
+    following[ClusterState.DRAINING] = ClusterState.DEPARTING
+    if state not in following:
+        raise RoutingDocumentError(
+            f"cluster {cluster_id} is {state.value}: only a receiving or a draining one cuts over"
+        )
+    return _with_state(document, cluster_id, following[state])
+
+
+def with_cut_over_done(document: RoutingDocument, cluster_id: str) -> RoutingDocument:
+    """End the cut-over: arriving -> active, departing -> removed. Moves the hash now
+    makes redundant are dropped; a departing cluster must be left by every pin, move
+    and transit first."""
+    state = _state(document, cluster_id)
+    if state == ClusterState.ARRIVING:
+        clusters = [
+            Cluster(c.cluster_id, ClusterState.ACTIVE) if c.cluster_id == cluster_id else c
+            for c in document.clusters
+        ]
+    elif state == ClusterState.DEPARTING:
+        held = sorted(
+            user
+            for user, owner in (*document.pins.items(), *document.moves.items())
+            if owner == cluster_id
+        ) + sorted(user for user, t in document.transit.items() if t.source == cluster_id)
+        if held:
+            raise RoutingDocumentError(
+                f"cluster {cluster_id} still holds user(s) {', '.join(map(str, held))}"
+            )
+        clusters = [c for c in document.clusters if c.cluster_id != cluster_id]
+    else:
+        raise RoutingDocumentError(
+            f"cluster {cluster_id} is {state.value}: no cut-over of it is under way"
+        )
+    after = RoutingDocument.build(document.epoch + 1, clusters, document.pins, {}, document.transit)
+    moves = {
+        user: owner
+        for user, owner in document.moves.items()
+        if _owner_by_hash(after, user) != owner
+    }
+    return RoutingDocument.build(after.epoch, clusters, document.pins, moves, document.transit)
+
+
+def _owner_by_hash(document: RoutingDocument, user_id: int) -> str | None:
+    """The owner the hash alone gives (None: in transit by the cut-over)."""
+    bare = RoutingDocument.build(document.epoch, document.clusters)
+    return bare.owner_of(user_id)
+
+
+def _state(document: RoutingDocument, cluster_id: str) -> ClusterState:
+    cluster = document.cluster(cluster_id)
+    if cluster is None:
+        raise RoutingDocumentError(f"no cluster {cluster_id} in epoch {document.epoch}")
+    return cluster.state
+
+
+def _with_state(document: RoutingDocument, cluster_id: str, state: ClusterState) -> RoutingDocument:
+    clusters = [
+        Cluster(c.cluster_id, state) if c.cluster_id == cluster_id else c for c in document.clusters
+    ]
+    return RoutingDocument.build(
+        document.epoch + 1, clusters, document.pins, document.moves, document.transit
+    )

@@ -133,6 +133,7 @@ class EvictionSweep:
         if actor.health == QUARANTINED:
             state.quarantined -= 1
         state.drop_actor(actor)
+        state.leaving.pop(actor.user_id, None)
         state.remember_tombstone(actor.user_id, command.db_version)
         state.counters.evictions_completed += 1
 

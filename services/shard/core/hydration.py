@@ -94,6 +94,11 @@ class Hydration:
             counters.hydrations_redundant += 1
             return
         pending = state.hydrations.get(user_id)
+        if pending is None and not state.owns(user_id):
+            # Another shard owns the user now (or will, once its old owner let go):
+            # only a hydration this shard asked for, for parked matcher events, lands.
+            counters.hydrations_not_owned += 1
+            return
         if pending is not None and command.epoch not in (0, pending.epoch):
             counters.hydrations_stale += 1
             return

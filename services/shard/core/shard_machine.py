@@ -64,6 +64,7 @@ from services.shard.core.errors import MalformedCommandError, OrderIndexError
 from services.shard.core.eviction import EvictionSweep
 from services.shard.core.hydration import Hydration, user_state_problem
 from services.shard.core.orders import parse_order_id
+from services.shard.core.ownership import Ownership
 from services.shard.core.reconcile import ReconcileEngine
 from services.shard.core.risk import NO_LIMITS, equity
 from services.shard.core.saga import OrderSaga, refused
@@ -92,6 +93,8 @@ class ShardMachine:
         self.funding = Funding(state)
         self.hydration = Hydration(state, self._replay)
         self.eviction = EvictionSweep(state)
+        self.ownership = Ownership(state, self.eviction)
+        self.ownership.recompute()
         self.reconciler = ReconcileEngine(state, self.settlement)
         self.supervisor = Supervisor(state)
         self._next_rotation_ms = (state.dedup.session + 1) * self.settings.dedup_session_ms
@@ -159,6 +162,8 @@ class ShardMachine:
         self.saga.redrive_lookups(now, redrive_after, out)
         self.eviction.sweep(now, out)
         self.eviction.valve(now, out)
+        if self.state.leaving:
+            self.ownership.evict_leaving(now, out)
         return out
 
     def snapshot(self) -> bytes:
@@ -191,6 +196,8 @@ class ShardMachine:
             halted_users=state.halted,
             last_sweep=state.last_sweep,
             counters=tuple(zip(COUNTER_NAMES, counters.plain(), strict=True)),
+            routing_epoch=state.routing.epoch if state.routing is not None else 0,
+            leaving_users=len(state.leaving),
         )
 
     @property
@@ -308,8 +315,9 @@ class ShardMachine:
         """Refuse (NOT_OWNER, with the shard's epoch) a command for a user the routing
         document gives to another shard; nothing changes. Checked before anything else:
         the user's state here, if any, is not the one that counts."""
-        routing = self.state.routing
-        if routing is None or routing.owner_of(command.user_id) == self.state.shard_id:
+        state = self.state
+        routing = state.routing
+        if routing is None or state.owns(command.user_id):
             return False
         self.state.counters.refused_not_owner += 1
         out.append(
@@ -335,6 +343,7 @@ class ShardMachine:
         else:
             state.routing, state.routing_raw = document, document.encode()
             state.counters.routing_epochs += 1
+            self.ownership.on_new_document(now, out)
         out.append(
             ShardResult(command.correlation_id, True, routing_epoch=max(current, document.epoch))
         )

@@ -83,6 +83,9 @@ class ShardState:
         # canonical bytes; None: no document yet, the shard owns every user it is sent.
         self.routing: RoutingDocument | None = None
         self.routing_raw = b""
+        # Resident users the document gives away, in actor order (`ownership.py`):
+        # derived from the actors and the document, so neither snapshotted nor hashed.
+        self.leaving: dict[int, None] = {}
         self.parked_client_commands = 0
         self.dedup_waits: dict[int, None] = {}  # users with a DB dedup lookup out
         self.deferred_reconciles: list[Reconcile] = []
@@ -107,6 +110,12 @@ class ShardState:
 
     # --- actors -----------------------------------------------------------------------
 
+    def owns(self, user_id: int) -> bool:
+        """Whether the routing document gives `user_id` to this shard (every user, before
+        the first document)."""
+        routing = self.routing
+        return routing is None or routing.owner_of(user_id) == self.shard_id
+
     def next_epoch(self) -> int:
         self.epoch_counter += 1
         return self.epoch_counter
@@ -127,6 +136,8 @@ class ShardState:
                 self.holders[symbol][actor.user_id] = None
         self.forget_tombstone(actor.user_id)
         self.mark_dirty(actor)
+        if not self.owns(actor.user_id):  # hydrated only for matcher events parked here
+            self.leaving[actor.user_id] = None
 
     def drop_actor(self, actor: UserActor) -> None:
         """Remove an evicted actor: its digest leaves the set-hash now."""

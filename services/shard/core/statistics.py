@@ -70,6 +70,8 @@ COUNTER_NAMES = (
     "routing_documents_stale",
     "routing_documents_refused",
     "refused_not_owner",
+    "leaving_evictions",
+    "hydrations_not_owned",
 )
 
 
@@ -136,6 +138,8 @@ class ShardCounters:
     routing_documents_stale: int
     routing_documents_refused: int
     refused_not_owner: int
+    leaving_evictions: int
+    hydrations_not_owned: int
 
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
@@ -179,6 +183,8 @@ class ShardStatistics:
     halted_users: int
     last_sweep: SweepStatistics
     counters: tuple[tuple[str, int], ...]
+    routing_epoch: int = 0  # the newest routing document applied (0: none yet)
+    leaving_users: int = 0  # resident users the document gives to another shard
 
     def counter(self, name: str) -> int:
         for key, value in self.counters:
