@@ -44,6 +44,7 @@ class OrderFlow:
         self.users = users
         self.workers = workers
         self.rounds = 0
+        self.served: set[int] = set()  # users with at least one round done
         self.flow_id = next(_flows)
         self._sequences = sequences
         self._trades = itertools.count(1)
@@ -87,6 +88,7 @@ class OrderFlow:
             )
             await self.shard.run(matcher_events([accepted, fill]))
         self.rounds += 1
+        self.served.add(user)
 
     async def _execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
         async with self.shard.execute() as stream:

@@ -109,6 +109,12 @@ async def test_kill_9_of_the_persister_mid_stream_loses_and_doubles_nothing(
                 await eventually(shard.status, functools.partial(_moved_on, before=before))
                 mesh.persister.start_serving()
             await _progress(mesh.persister.address, committed + 50)
+            # A worker whose hydration read died with the persister waits for the shard's
+            # re-drive (5 s of consensus time): every user gets a round in before the end,
+            # so every one of them is flushed by the final check.
+            await eventually(
+                functools.partial(_served, flow), lambda n: n == USERS, timeout_s=SETTLE_S
+            )
         finally:
             await flow.stop()
         await _check_database_against_egress(mesh, shard)
@@ -143,6 +149,10 @@ async def test_kill_9_of_the_shard_the_persister_resumes_where_it_was(
 
 async def _rounds(flow: OrderFlow) -> int:
     return flow.rounds
+
+
+async def _served(flow: OrderFlow) -> int:
+    return len(flow.served)
 
 
 def _moved_on(now: shard_pb2.ShardStatus, *, before: shard_pb2.ShardStatus) -> bool:
