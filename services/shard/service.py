@@ -284,7 +284,7 @@ class ShardServicer:
         self, request: shard_pb2.ActorQuery, context: grpc.aio.ServicerContext[Any, Any]
     ) -> shard_pb2.ActorView:
         await self.host.settled()
-        view = actor_view(self.machine, request.user_id)
+        view = actor_view(self.machine, request.user_id, orders_only=request.orders_only)
         view.as_of_position = self.host.node.replica.applied_position
         return view
 
