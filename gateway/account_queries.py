@@ -10,10 +10,10 @@ them, are read from PostgreSQL as of the shard's position (`order`).
 
 from __future__ import annotations
 
+from gateway.clusters import ShardCluster
 from gateway.errors import GatewayError
 from gateway.history import stored_order_view
 from gateway.hydrate_ahead import HydrateAhead
-from gateway.persister_client import PersisterClient
 from gateway.routing import ShardRouter
 from protos.oms.v1 import gateway_pb2, persister_pb2, shard_pb2
 from services.markets.catalog import Market
@@ -33,23 +33,25 @@ class AccountQueries:
     def __init__(
         self,
         router: ShardRouter,
-        persister: PersisterClient,
         hydrate_ahead: HydrateAhead,
         markets: dict[str, Market],
     ) -> None:
         self.router = router
-        self.persister = persister
         self.hydrate_ahead = hydrate_ahead
         self.markets = markets
 
-    async def _actor(self, user_id: int) -> shard_pb2.ActorView:
-        view = await self.router.endpoint(user_id).actor(user_id)
+    async def _actor(
+        self, user_id: int, *, orders_only: bool = False
+    ) -> tuple[ShardCluster, shard_pb2.ActorView]:
+        """The user's cluster, and its actor as that cluster's shard has it."""
+        cluster = await self.router.cluster(user_id)
+        view = await cluster.shard.actor(user_id, orders_only=orders_only)
         if view.resident:
             self.hydrate_ahead.note_resident(user_id)
-        return view
+        return cluster, view
 
-    async def _stored_state(self, user_id: int) -> shard_pb2.UserState:
-        stored = await self.persister.stored_user(user_id)
+    async def _stored_state(self, cluster: ShardCluster, user_id: int) -> shard_pb2.UserState:
+        stored = await cluster.persister.stored_user(user_id)
         if not stored.known:
             raise unknown_user(user_id)
         return stored.state
@@ -61,7 +63,7 @@ class AccountQueries:
         status it has now. With PostgreSQL out of reach, an open order still comes from
         the shard's index."""
         user_id = request.user_id
-        view = await self._actor(user_id)
+        cluster, view = await self._actor(user_id, orders_only=True)
         query = persister_pb2.StoredOrderQuery(
             order_id=request.order_id,
             client_order_id="" if request.order_id else request.client_order_id,
@@ -69,7 +71,7 @@ class AccountQueries:
             as_of_position=view.as_of_position,
         )
         try:
-            stored = await self.persister.stored_order(query)
+            stored = await cluster.persister.stored_order(query)
         except GatewayError as error:
             if error.reason != G.GATEWAY_ERROR_REASON_UNAVAILABLE:
                 raise
@@ -92,7 +94,7 @@ class AccountQueries:
     async def open_orders(
         self, request: gateway_pb2.GetOpenOrdersRequest
     ) -> gateway_pb2.OpenOrders:
-        view = await self._actor(request.user_id)
+        _, view = await self._actor(request.user_id, orders_only=True)
         answer = gateway_pb2.OpenOrders()
         for open_order in view.open_orders:
             if not request.symbol or open_order.symbol == request.symbol:
@@ -101,8 +103,8 @@ class AccountQueries:
 
     async def balances(self, request: gateway_pb2.GetBalancesRequest) -> gateway_pb2.Balances:
         user_id = request.user_id
-        view = await self._actor(user_id)
-        state = view.state if view.resident else await self._stored_state(user_id)
+        cluster, view = await self._actor(user_id)
+        state = view.state if view.resident else await self._stored_state(cluster, user_id)
         answer = gateway_pb2.Balances()
         for balance in sorted(state.balances, key=lambda b: b.asset):
             answer.balances.add(asset=balance.asset, total=balance.total, reserved=balance.reserved)
@@ -110,8 +112,8 @@ class AccountQueries:
 
     async def positions(self, request: gateway_pb2.GetPositionsRequest) -> gateway_pb2.Positions:
         user_id = request.user_id
-        view = await self._actor(user_id)
-        state = view.state if view.resident else await self._stored_state(user_id)
+        cluster, view = await self._actor(user_id)
+        state = view.state if view.resident else await self._stored_state(cluster, user_id)
         marks = {mark.symbol: mark.price_ticks for mark in view.marks}
         answer = gateway_pb2.Positions(reduce_only=state.reduce_only)
         for position in sorted(state.positions, key=lambda p: p.symbol):

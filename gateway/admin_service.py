@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 
 from gateway.acks import transfer_ack, transfer_command
+from gateway.clusters import PersisterPool
 from gateway.matcher_control import MatcherControl
-from gateway.persister_client import PersisterClient
 from gateway.routing import ShardRouter
 from gateway.validation import RequestValidator, check_user_id
 from protos.oms.v1 import gateway_pb2, matcher_pb2, persister_pb2
@@ -37,7 +37,7 @@ class AdminService:
         *,
         validator: RequestValidator,
         router: ShardRouter,
-        persister: PersisterClient,
+        persister: PersisterPool,
         matchers: MatcherControl,
     ) -> None:
         self.validator = validator

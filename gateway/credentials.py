@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.persister_client import PersisterClient
+from gateway.clusters import PersisterPool
 
 MAX_API_KEY_LENGTH = 128
 
@@ -43,7 +43,7 @@ class CredentialStatistics:
 class CredentialDirectory:
     def __init__(
         self,
-        persister: PersisterClient,
+        persister: PersisterPool,
         *,
         admin: KeyHolder | None,
         capacity: int,

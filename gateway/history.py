@@ -71,19 +71,19 @@ class HistoryQueries:
     def __init__(
         self,
         router: ShardRouter,
-        persister: PersisterClient,
         validator: RequestValidator,
         markets: dict[str, Market],
     ) -> None:
         self.router = router
-        self.persister = persister
         self.validator = validator
         self.markets = markets
 
-    async def _as_of(self, user_id: int) -> int:
-        """The shard's applied position now: the page is exact as of it."""
-        view = await self.router.endpoint(user_id).actor(user_id)
-        return int(view.as_of_position)
+    async def _as_of(self, user_id: int) -> tuple[PersisterClient, int]:
+        """The user's shard's persister, and that shard's applied position now: the page
+        is exact as of it (a position means something only to its own shard's persister)."""
+        cluster = await self.router.cluster(user_id)
+        view = await cluster.shard.actor(user_id, orders_only=True)
+        return cluster.persister, int(view.as_of_position)
 
     async def orders(self, request: gateway_pb2.ListOrdersRequest) -> gateway_pb2.OrderHistory:
         self.validator.symbol_filter(request.symbol)
@@ -96,6 +96,7 @@ class HistoryQueries:
             "orders", request.user_id, request.symbol, statuses, request.from_ms, request.to_ms
         )
         after_ms, after_seq, _ = decode_cursor(request.cursor, digest)
+        persister, as_of = await self._as_of(request.user_id)
         query = persister_pb2.OrderPageQuery(
             user_id=request.user_id,
             symbol=request.symbol,
@@ -105,9 +106,9 @@ class HistoryQueries:
             limit=limit,
             after_accepted_at_ms=after_ms,
             after_user_seq=after_seq,
-            as_of_position=await self._as_of(request.user_id),
+            as_of_position=as_of,
         )
-        page = await self.persister.order_page(query)
+        page = await persister.order_page(query)
         history = gateway_pb2.OrderHistory()
         for stored in page.orders:
             history.orders.append(stored_order_view(stored))
@@ -124,6 +125,7 @@ class HistoryQueries:
             "fills", request.user_id, request.symbol, request.from_ms, request.to_ms
         )
         after_ms, after_trade_id, after_order_id = decode_cursor(request.cursor, digest)
+        persister, as_of = await self._as_of(request.user_id)
         query = persister_pb2.FillPageQuery(
             user_id=request.user_id,
             symbol=request.symbol,
@@ -133,9 +135,9 @@ class HistoryQueries:
             after_time_ms=after_ms,
             after_order_id=after_order_id,
             after_trade_id=after_trade_id,
-            as_of_position=await self._as_of(request.user_id),
+            as_of_position=as_of,
         )
-        page = await self.persister.fill_page(query)
+        page = await persister.fill_page(query)
         history = gateway_pb2.FillHistory()
         for stored in page.fills:
             history.fills.append(self._fill_view(stored))

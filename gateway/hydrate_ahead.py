@@ -2,7 +2,8 @@
 
 When a user's key is verified and the gateway has not seen that user resident
 (or offered them) within `interval_s`, the user id is queued; one loop sends the
-queued ids to the persister's `Prefetch` in batches, fire and forget, so the
+queued ids to the persister of each user's shard (`Prefetch`) in batches, fire
+and forget (a user in transit is skipped), so the
 user's state is usually loaded into the shard before the first order arrives
 (the shard drops the offer for a user already resident). It is only a head
 start: an order for a cold user still parks and hydrates on its own, so a full
@@ -20,6 +21,7 @@ import structlog
 
 from gateway.errors import GatewayError
 from gateway.persister_client import PersisterClient
+from gateway.routing import Routing
 from gateway.statistics import GatewayCounters
 
 log = structlog.get_logger(__name__)
@@ -31,13 +33,13 @@ REMEMBERED_USERS = 200_000
 class HydrateAhead:
     def __init__(
         self,
-        persister: PersisterClient,
+        routing: Routing,
         counters: GatewayCounters,
         *,
         interval_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.persister = persister
+        self.routing = routing
         self.counters = counters
         self.interval_s = interval_s
         self.clock = clock
@@ -70,12 +72,31 @@ class HydrateAhead:
                 batch = list(self._pending)[:MAX_PER_CALL]
                 for user_id in batch:
                     del self._pending[user_id]
-                try:
-                    await self.persister.prefetch(batch)
-                    self.counters.add("prefetch_users", len(batch))
-                except GatewayError as error:
-                    self.counters.add("prefetch_failures")
-                    log.debug("gateway.prefetch_failed", users=len(batch), detail=error.detail)
+                for cluster_id, (persister, users) in self._by_cluster(batch).items():
+                    try:
+                        await persister.prefetch(users)
+                        self.counters.add("prefetch_users", len(users))
+                    except GatewayError as error:
+                        self.counters.add("prefetch_failures")
+                        log.debug(
+                            "gateway.prefetch_failed",
+                            cluster=cluster_id,
+                            users=len(users),
+                            detail=error.detail,
+                        )
+
+    def _by_cluster(self, users: list[int]) -> dict[str, tuple[PersisterClient, list[int]]]:
+        grouped: dict[str, tuple[PersisterClient, list[int]]] = {}
+        for user_id in users:
+            try:
+                cluster = self.routing.route(user_id).cluster
+            except GatewayError:
+                cluster = None
+            if cluster is None:
+                self.counters.add("prefetch_skipped")
+                continue
+            grouped.setdefault(cluster.cluster_id, (cluster.persister, []))[1].append(user_id)
+        return grouped
 
     def _remember(self, user_id: int, now: float) -> None:
         self._last_seen[user_id] = now

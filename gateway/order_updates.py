@@ -1,33 +1,42 @@
-"""Order updates: one shared egress subscription, fanned out to each user's streams.
+"""Order updates: one shared egress subscription per shard, fanned out to each user's
+streams.
 
-The gateway process follows the shard's durable egress once, filtered to
+The gateway process follows each shard's durable egress once, filtered to
 `order_update`, from the shard's applied position when it started, and hands
 each update to the queues of that user's subscribers only. A queue is bounded:
 a subscriber that falls `capacity` updates behind is disconnected with
 RESOURCE_EXHAUSTED (it reconnects and reads its open orders) instead of making
-the shared feed wait. When the feed breaks it resumes from the position it
+the shared feed wait. When a feed breaks it resumes from the position it
 stopped at, skipping what it already delivered there; if the shard no longer
-retains that position, updates were lost, so every subscriber is disconnected
-with UNAVAILABLE and the feed restarts from the shard's current position.
+retains that position, updates were lost, so that shard's subscribers are
+disconnected with UNAVAILABLE and the feed restarts from the shard's current
+position. A feed is started for every cluster the routing names, as it names
+them; a user's updates come from whichever shard holds the user, so a user who
+moves keeps its stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
 
 import grpc
 import structlog
 
+from gateway.clusters import ShardCluster
 from gateway.errors import GatewayError, slow_consumer, unavailable
-from gateway.routing import ShardEndpoint
+from gateway.routing import Routing
+from gateway.shard_endpoint import ShardEndpoint
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import shard_pb2
 
 log = structlog.get_logger(__name__)
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 READY_TIMEOUT_S = 10.0
+CLUSTER_CHECK_S = 1.0  # besides each new epoch, how often the feeds are checked
+FOLLOWING_POLL_S = 0.01
 
 
 class OrderUpdateSubscriber:
@@ -53,23 +62,17 @@ class OrderUpdateSubscriber:
         self.changed.set()
 
 
-class OrderUpdateFanout:
-    def __init__(self, shard: ShardEndpoint, counters: GatewayCounters, *, capacity: int) -> None:
+class ShardUpdateFeed:
+    """One shard's order updates, followed from where this feed started."""
+
+    def __init__(self, shard: ShardEndpoint, fanout: OrderUpdateFanout) -> None:
         self.shard = shard
-        self.counters = counters
-        self.capacity = capacity
+        self.fanout = fanout
+        self.counters = fanout.counters
         self.following = asyncio.Event()  # a start position is known: updates are not missed
-        self._subscribers: dict[int, dict[OrderUpdateSubscriber, None]] = {}
-        self._count = 0
         # Resume point: the position being delivered and how many of its updates went out.
         self._position = 0
         self._delivered_at_position = 0
-
-    @property
-    def subscriber_count(self) -> int:
-        return self._count
-
-    # --- the shared feed ------------------------------------------------------------------
 
     async def run(self) -> None:
         failures = 0
@@ -94,6 +97,7 @@ class OrderUpdateFanout:
     async def _follow(self) -> None:
         request = shard_pb2.EgressSubscription(from_position=self._position, kinds=["order_update"])
         call = (await self.shard.stub()).SubscribeEgress(request)
+        deliver = self.fanout.deliver
         try:
             skip = self._delivered_at_position
             async for batch in call:
@@ -110,11 +114,60 @@ class OrderUpdateFanout:
                         self._delivered_at_position = 1
                     update = item.order_update
                     update.stamp.CopyFrom(item.stamp)
-                    self._deliver(update)
+                    deliver(update)
         finally:
             call.cancel()
 
-    def _deliver(self, update: shard_pb2.OrderUpdate) -> None:
+    def _lost_updates(self, detail: str) -> None:
+        self.counters.add("order_update_feed_gaps")
+        log.warning("gateway.order_updates_lost", shard=self.shard.address, detail=detail)
+        # Whose updates came from this shard is not known here: every subscriber is told
+        # to re-read its open orders (a gap is rare: the shard retains a long tail).
+        self.fanout.end_all(unavailable("order updates were interrupted; read open orders"))
+        self._position = 0
+
+
+class OrderUpdateFanout:
+    def __init__(self, routing: Routing, counters: GatewayCounters, *, capacity: int) -> None:
+        self.routing = routing
+        self.counters = counters
+        self.capacity = capacity
+        self.feeds: dict[str, ShardUpdateFeed] = {}  # cluster id -> its feed
+        self._subscribers: dict[int, dict[OrderUpdateSubscriber, None]] = {}
+        self._count = 0
+
+    @property
+    def subscriber_count(self) -> int:
+        return self._count
+
+    # --- the shared feeds -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """A feed for every cluster of the current epoch, started as the epochs name them
+        (a cluster that leaves keeps its feed: the gateway may still see its updates)."""
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            while True:
+                for cluster in self._clusters_now():
+                    if cluster.cluster_id not in self.feeds:
+                        feed = ShardUpdateFeed(cluster.shard, self)
+                        self.feeds[cluster.cluster_id] = feed
+                        tasks.append(asyncio.create_task(feed.run()))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CLUSTER_CHECK_S):
+                        await self.routing.changed()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _clusters_now(self) -> tuple[ShardCluster, ...]:
+        try:
+            return self.routing.clusters()
+        except GatewayError:
+            return ()
+
+    def deliver(self, update: shard_pb2.OrderUpdate) -> None:
         self.counters.add("order_updates_seen")
         subscribers = self._subscribers.get(update.user_id)
         if not subscribers:
@@ -126,14 +179,20 @@ class OrderUpdateFanout:
                 self.counters.add("order_update_slow_subscribers")
                 self._remove(subscriber)
 
-    def _lost_updates(self, detail: str) -> None:
-        self.counters.add("order_update_feed_gaps")
-        log.warning("gateway.order_updates_lost", detail=detail)
+    def end_all(self, error: GatewayError) -> None:
         for subscribers in list(self._subscribers.values()):
             for subscriber in list(subscribers):
-                subscriber.end(unavailable("order updates were interrupted; read open orders"))
+                subscriber.end(error)
                 self._remove(subscriber)
-        self._position = 0
+
+    async def _following(self) -> None:
+        """Returns once every feed of the current epoch's clusters has a start position."""
+        while True:
+            clusters = self._clusters_now()
+            feeds = [self.feeds.get(cluster.cluster_id) for cluster in clusters]
+            if clusters and all(feed is not None and feed.following.is_set() for feed in feeds):
+                return
+            await asyncio.sleep(FOLLOWING_POLL_S)
 
     # --- subscribers ----------------------------------------------------------------------
 
@@ -143,9 +202,9 @@ class OrderUpdateFanout:
         """The user's updates from now on; initial metadata tells the client it is live."""
         try:
             async with asyncio.timeout(READY_TIMEOUT_S):
-                await self.following.wait()
+                await self._following()
         except TimeoutError as error:
-            raise unavailable("the shard's order updates cannot be followed") from error
+            raise unavailable("the shards' order updates cannot be followed") from error
         subscriber = OrderUpdateSubscriber(user_id, self.capacity)
         self._subscribers.setdefault(user_id, {})[subscriber] = None
         self._count += 1

@@ -1,8 +1,10 @@
-"""The gateway's calls to the persister: credentials, accounts, cold reads, hydrate-ahead.
+"""The gateway's calls to one shard's persister: credentials, accounts, cold reads,
+hydrate-ahead.
 
 Every call has a deadline; a persister that cannot answer becomes
 `GatewayError(UNAVAILABLE)` (the client retries), and the persister's own
-NOT_FOUND / ALREADY_EXISTS become `None` or the contract's reasons.
+NOT_FOUND / ALREADY_EXISTS become `None` or the contract's reasons. Its address is a
+fixed one or its leader's in etcd, resolved when a call needs a (new) channel.
 """
 
 from __future__ import annotations
@@ -14,22 +16,42 @@ import grpc
 from gateway.errors import GatewayError, unavailable
 from protos.oms.v1 import gateway_pb2, persister_pb2, persister_pb2_grpc
 from services.clients.channels import mesh_channel
+from services.coordination.addresses import AddressSource, FixedAddress
+from services.coordination.errors import CoordinationUnavailable
 
 
 class PersisterClient:
-    def __init__(self, address: str, *, timeout_s: float) -> None:
-        self.address = address
+    def __init__(self, address: AddressSource | str, *, timeout_s: float) -> None:
+        self.source = FixedAddress(address) if isinstance(address, str) else address
+        self.address = self.source.describe()
         self.timeout_s = timeout_s
-        self._channel = mesh_channel(address)
-        self._stub = persister_pb2_grpc.PersisterStub(self._channel)
+        self._channel: grpc.aio.Channel | None = None
+        self._channel_address = ""
+        self._stub_now: persister_pb2_grpc.PersisterStub | None = None
 
     async def close(self) -> None:
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()
+        await self.source.close()
+
+    async def _stub(self) -> persister_pb2_grpc.PersisterStub:
+        try:
+            address = await self.source.resolve()
+        except CoordinationUnavailable as error:
+            raise unavailable(f"persister {self.address}: {error}") from error
+        if self._stub_now is None or address != self._channel_address:
+            if self._channel is not None:
+                await self._channel.close()
+            self._channel = mesh_channel(address)
+            self._channel_address = self.address = address
+            self._stub_now = persister_pb2_grpc.PersisterStub(self._channel)
+        return self._stub_now
 
     async def credential(self, api_key: str) -> persister_pb2.Credential | None:
         """The key's credential, or None when the persister does not know the key."""
         try:
-            credential: persister_pb2.Credential = await self._stub.GetCredential(
+            stub = await self._stub()
+            credential: persister_pb2.Credential = await stub.GetCredential(
                 persister_pb2.CredentialQuery(api_key=api_key), timeout=self.timeout_s
             )
             return credential
@@ -40,7 +62,8 @@ class PersisterClient:
 
     async def create_user(self, new_user: persister_pb2.NewUser) -> persister_pb2.CreatedUser:
         try:
-            created: persister_pb2.CreatedUser = await self._stub.CreateUser(
+            stub = await self._stub()
+            created: persister_pb2.CreatedUser = await stub.CreateUser(
                 new_user, timeout=self.timeout_s
             )
             return created
@@ -59,7 +82,8 @@ class PersisterClient:
 
     async def stored_user(self, user_id: int) -> persister_pb2.StoredUser:
         try:
-            stored: persister_pb2.StoredUser = await self._stub.GetStoredUser(
+            stub = await self._stub()
+            stored: persister_pb2.StoredUser = await stub.GetStoredUser(
                 persister_pb2.UserQuery(user_id=user_id), timeout=self.timeout_s
             )
             return stored
@@ -73,7 +97,8 @@ class PersisterClient:
     ) -> persister_pb2.StoredOrder | None:
         """The order by id or client order id, as of `query.as_of_position`; None if unknown."""
         try:
-            order: persister_pb2.StoredOrder = await self._stub.GetStoredOrder(
+            stub = await self._stub()
+            order: persister_pb2.StoredOrder = await stub.GetStoredOrder(
                 query, timeout=self.timeout_s
             )
             return order
@@ -84,23 +109,24 @@ class PersisterClient:
 
     async def order_page(self, query: persister_pb2.OrderPageQuery) -> persister_pb2.OrderPage:
         try:
-            page: persister_pb2.OrderPage = await self._stub.ListOrders(
-                query, timeout=self.timeout_s
-            )
+            stub = await self._stub()
+            page: persister_pb2.OrderPage = await stub.ListOrders(query, timeout=self.timeout_s)
             return page
         except grpc.aio.AioRpcError as error:
             raise self._refused("ListOrders", error) from error
 
     async def fill_page(self, query: persister_pb2.FillPageQuery) -> persister_pb2.FillPage:
         try:
-            page: persister_pb2.FillPage = await self._stub.ListFills(query, timeout=self.timeout_s)
+            stub = await self._stub()
+            page: persister_pb2.FillPage = await stub.ListFills(query, timeout=self.timeout_s)
             return page
         except grpc.aio.AioRpcError as error:
             raise self._refused("ListFills", error) from error
 
     async def prefetch(self, user_ids: Sequence[int]) -> None:
         try:
-            await self._stub.Prefetch(
+            stub = await self._stub()
+            await stub.Prefetch(
                 persister_pb2.PrefetchRequest(user_ids=user_ids), timeout=self.timeout_s
             )
         except grpc.aio.AioRpcError as error:

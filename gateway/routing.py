@@ -1,173 +1,146 @@
-"""Which shard serves a user, and the calls the gateway makes to it.
+"""Which shard cluster serves a user, and sending a command there until one owns it.
 
-`ShardEndpoint` is one shard: the process's one shared `ShardLink` (every
-client's commands leave in the same batches) plus a channel for queries and the
-egress subscription. `StaticRouting` puts every user on one shard at epoch 0;
-a `RoutingTable` reading epoch-versioned membership from etcd can replace it
-behind the same `route` / `newer_epoch` pair. `ShardRouter.execute` stamps the
-routing epoch on a command and re-routes when the shard answers NOT_OWNER and a
-newer epoch exists (never with static routing: there is nowhere else to go).
+`Routing` answers `route(user)` with a cluster and the epoch it was decided under:
+`StaticRouting` puts every user on one cluster at epoch 0 (a mesh of one shard), and
+`EtcdRouting` (`etcd_routing.py`) follows the routing document in etcd.
+`ShardRouter.execute` stamps the epoch on the command and sends it; the shard, the
+routing authority, answers NOT_OWNER with its own epoch when the user is not its own,
+having changed nothing, so the same command (same ids) goes again:
+
+- the shard's epoch is newer than the gateway's: wait for (or fetch) that epoch, route
+  again;
+- the gateway's epoch is newer than the shard's: the shard has not logged it yet, so
+  ask it again in a moment;
+- the user is in transit (a wave is moving it): wait for the next epoch.
+
+All within `reroute_s`; past it the last answer (NOT_OWNER, retryable) or UNAVAILABLE
+goes to the client, which retries with the same ids.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
-import grpc
-
-from gateway.errors import GatewayError, timed_out, unavailable
+from gateway.clusters import ShardCluster
+from gateway.errors import unavailable
 from gateway.statistics import GatewayCounters
-from protos.oms.v1 import shard_pb2, shard_pb2_grpc
-from services.clients.channels import mesh_channel
-from services.clients.shard_link import LinkState, ShardLink, ShardUnavailableError
-from services.coordination.addresses import AddressSource
-from services.coordination.errors import CoordinationUnavailable
+from protos.oms.v1 import shard_pb2
 
-MAX_REROUTES = 3
-
-
-class ShardEndpoint:
-    def __init__(
-        self, address: AddressSource, *, timeout_s: float, counters: GatewayCounters
-    ) -> None:
-        self.source = address
-        self.address = address.describe()
-        self.timeout_s = timeout_s
-        self.counters = counters
-        self.link = ShardLink(address)
-        self._channel: grpc.aio.Channel | None = None
-        self._channel_address = ""
-        self._stub: shard_pb2_grpc.UserShardStub | None = None
-
-    async def stub(self) -> shard_pb2_grpc.UserShardStub:
-        """The query stub of the shard's current address (its leader's, when replicated)."""
-        try:
-            address = await self.source.resolve()
-        except CoordinationUnavailable as error:
-            self.counters.add("shard_unavailable")
-            raise unavailable(f"shard {self.address}: {error}") from error
-        if self._stub is None or address != self._channel_address:
-            if self._channel is not None:
-                await self._channel.close()
-            self._channel = mesh_channel(address)
-            self._channel_address = self.address = address
-            self._stub = shard_pb2_grpc.UserShardStub(self._channel)
-        return self._stub
-
-    async def execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
-        """The command's final result; UNAVAILABLE / TIMEOUT errors say: retry, same ids."""
-        try:
-            return await self.link.execute(command, timeout_s=self.timeout_s)
-        except ShardUnavailableError as error:
-            self.counters.add("shard_unavailable")
-            raise unavailable(str(error)) from error
-        except TimeoutError as error:
-            self.counters.add("shard_timeouts")
-            raise timed_out(
-                f"shard {self.address} gave no result in {self.timeout_s:g} s"
-            ) from error
-
-    async def actor(self, user_id: int) -> shard_pb2.ActorView:
-        self._refuse_if_away("GetActor")
-        try:
-            # Waits for the query channel to connect (it may still be backing off from a
-            # try made before the shard was up), within the deadline; a shard the link
-            # knows to be away was refused above.
-            stub = await self.stub()
-            view: shard_pb2.ActorView = await stub.GetActor(
-                shard_pb2.ActorQuery(user_id=user_id), timeout=self.timeout_s, wait_for_ready=True
-            )
-            return view
-        except grpc.aio.AioRpcError as error:
-            raise self._query_failed("GetActor", error) from error
-
-    async def applied_position(self) -> int:
-        self._refuse_if_away("GetStatus")
-        try:
-            stub = await self.stub()
-            status = await stub.GetStatus(
-                shard_pb2.ShardStatusRequest(), timeout=self.timeout_s, wait_for_ready=True
-            )
-        except grpc.aio.AioRpcError as error:
-            raise self._query_failed("GetStatus", error) from error
-        return int(status.applied_position)
-
-    def _refuse_if_away(self, call: str) -> None:
-        if self.link.state is LinkState.AWAY:
-            self.counters.add("shard_unavailable")
-            raise unavailable(f"shard {self.address} {call}: the shard is unavailable")
-
-    async def close(self) -> None:
-        await self.link.close()
-        if self._channel is not None:
-            await self._channel.close()
-        await self.source.close()
-
-    def _query_failed(self, call: str, error: grpc.aio.AioRpcError) -> GatewayError:
-        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            self.counters.add("shard_timeouts")
-            return timed_out(f"shard {self.address} {call}: no answer in {self.timeout_s:g} s")
-        self.counters.add("shard_unavailable")
-        return unavailable(f"shard {self.address} {call}: {error.code().name}")
+LAGGING_SHARD_WAIT_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
 class ShardRoute:
-    endpoint: ShardEndpoint
+    cluster: ShardCluster | None  # None: the user is in transit under this epoch
     epoch: int
 
 
 class Routing(Protocol):
-    def route(self, user_id: int) -> ShardRoute: ...
+    @property
+    def epoch(self) -> int:
+        """The epoch routed by now (0: static, or no document yet)."""
+        ...
 
-    def endpoints(self) -> tuple[ShardEndpoint, ...]: ...
+    def route(self, user_id: int) -> ShardRoute:
+        """The user's cluster under the current epoch (UNAVAILABLE before any epoch)."""
+        ...
+
+    def clusters(self) -> tuple[ShardCluster, ...]:
+        """Every cluster of the current epoch."""
+        ...
 
     async def newer_epoch(self, epoch: int) -> bool:
         """Whether routing has moved past `epoch` (after waiting briefly for it to)."""
         ...
 
+    async def run(self) -> None:
+        """Follow the routing's source while the gateway runs."""
+        ...
+
+    async def changed(self) -> None:
+        """Returns when the epoch changes (never, for static routing)."""
+        ...
+
+    async def close(self) -> None: ...
+
 
 class StaticRouting:
-    """One shard for every user (a single-shard mesh), epoch 0."""
+    """One cluster for every user (a single-shard mesh), epoch 0."""
 
-    def __init__(self, endpoint: ShardEndpoint) -> None:
-        self._route = ShardRoute(endpoint, 0)
+    def __init__(self, cluster: ShardCluster) -> None:
+        self._route = ShardRoute(cluster, 0)
+
+    @property
+    def epoch(self) -> int:
+        return 0
 
     def route(self, user_id: int) -> ShardRoute:
         return self._route
 
-    def endpoints(self) -> tuple[ShardEndpoint, ...]:
-        return (self._route.endpoint,)
+    def clusters(self) -> tuple[ShardCluster, ...]:
+        assert self._route.cluster is not None
+        return (self._route.cluster,)
 
     async def newer_epoch(self, epoch: int) -> bool:
         return False
 
+    async def run(self) -> None:
+        """Nothing to follow: waits until the gateway stops (a loop of the service host
+        must not return)."""
+        await asyncio.Event().wait()
+
+    async def changed(self) -> None:
+        await asyncio.Event().wait()
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
 
 class ShardRouter:
-    def __init__(self, routing: Routing, counters: GatewayCounters) -> None:
+    def __init__(self, routing: Routing, counters: GatewayCounters, *, reroute_s: float) -> None:
         self.routing = routing
         self.counters = counters
+        self.reroute_s = reroute_s
 
-    def endpoint(self, user_id: int) -> ShardEndpoint:
-        return self.routing.route(user_id).endpoint
+    async def cluster(self, user_id: int) -> ShardCluster:
+        """The user's cluster now, waiting (within `reroute_s`) while it is in transit."""
+        deadline = asyncio.get_running_loop().time() + self.reroute_s
+        return (await self._owned(user_id, deadline))[0]
+
+    async def _owned(self, user_id: int, deadline: float) -> tuple[ShardCluster, int]:
+        """The user's cluster and the epoch that says so."""
+        loop = asyncio.get_running_loop()
+        while True:
+            route = self.routing.route(user_id)
+            if route.cluster is not None:
+                return route.cluster, route.epoch
+            self.counters.add("routing_in_transit_waits")
+            if not await self.routing.newer_epoch(route.epoch) and loop.time() >= deadline:
+                raise unavailable(
+                    f"user {user_id} is moving between shards (epoch {route.epoch}): retry"
+                )
 
     async def execute(self, user_id: int, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
-        for _ in range(MAX_REROUTES):
-            route = self.routing.route(user_id)
-            which = command.WhichOneof("command")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.reroute_s
+        which = command.WhichOneof("command")
+        while True:
+            cluster, epoch = await self._owned(user_id, deadline)
             if which == "place":
-                command.place.routing_epoch = route.epoch
+                command.place.routing_epoch = epoch
             elif which == "cancel":
-                command.cancel.routing_epoch = route.epoch
-            result = await route.endpoint.execute(command)
+                command.cancel.routing_epoch = epoch
+            result = await cluster.shard.execute(command)
             if result.reject_reason != shard_pb2.SHARD_REJECT_REASON_NOT_OWNER:
                 return result
             self.counters.add("shard_not_owner")
-            if not await self.routing.newer_epoch(route.epoch):
+            if loop.time() >= deadline:
                 return result
-        return result
-
-    async def close(self) -> None:
-        for endpoint in self.routing.endpoints():
-            await endpoint.close()
+            if result.routing_epoch < epoch:
+                # The shard has not logged the gateway's epoch yet: it will in a moment.
+                self.counters.add("shard_epoch_behind")
+                await asyncio.sleep(LAGGING_SHARD_WAIT_S)
+            elif not await self.routing.newer_epoch(epoch):
+                return result  # same epoch, yet not the owner: nothing to re-route by

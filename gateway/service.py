@@ -9,7 +9,9 @@ from gateway.account_queries import AccountQueries
 from gateway.admin_service import SERVICE_NAME as ADMIN_SERVICE
 from gateway.admin_service import AdminService
 from gateway.authentication import Authenticator
+from gateway.clusters import ClusterDirectory, PersisterPool, parse_cluster_addresses
 from gateway.credentials import CredentialDirectory, KeyHolder
+from gateway.etcd_routing import EtcdRouting
 from gateway.history import HistoryQueries
 from gateway.hydrate_ahead import HydrateAhead
 from gateway.interceptor import GatewayInterceptor
@@ -17,13 +19,11 @@ from gateway.matcher_control import MatcherControl
 from gateway.order_service import SERVICE_NAME as ORDER_SERVICE
 from gateway.order_service import OrderService
 from gateway.order_updates import OrderUpdateFanout
-from gateway.persister_client import PersisterClient
-from gateway.routing import ShardEndpoint, ShardRouter, StaticRouting
+from gateway.routing import Routing, ShardRouter, StaticRouting
 from gateway.settings import GatewaySettings
 from gateway.statistics import GatewayCounters
 from gateway.validation import RequestValidator
 from services.clients.matcher_directory import MatcherDirectory
-from services.coordination.addresses import address_source
 from services.markets.catalog import load_catalog
 from services.serving.service_host import ServicePlan
 from services.settings import SettingsError
@@ -41,39 +41,63 @@ def admin_holder(settings: GatewaySettings) -> KeyHolder | None:
     return KeyHolder(settings.admin_api_key, settings.admin_api_secret, 0, admin=True)
 
 
+STATIC, BY_ETCD = "static", "etcd"
+
+
+def cluster_directory(settings: GatewaySettings, counters: GatewayCounters) -> ClusterDirectory:
+    if settings.routing == STATIC:
+        shards = {settings.shard_id: settings.shard_address}
+        persisters = {settings.shard_id: settings.persister_address}
+    elif settings.routing == BY_ETCD:
+        shards = parse_cluster_addresses(settings.shards, "OMS_SHARDS")
+        persisters = parse_cluster_addresses(settings.persisters, "OMS_PERSISTERS")
+    else:
+        raise SettingsError(
+            f"OMS_GATEWAY_ROUTING is {STATIC} or {BY_ETCD}, not {settings.routing!r}"
+        )
+    return ClusterDirectory(
+        shards,
+        persisters,
+        etcd_endpoints=settings.etcd_endpoints,
+        mesh_id=settings.mesh_id,
+        shard_timeout_s=settings.request_deadline_ms / 1000,
+        persister_timeout_s=settings.persister_timeout_ms / 1000,
+        counters=counters,
+    )
+
+
+def make_routing(
+    settings: GatewaySettings, clusters: ClusterDirectory, counters: GatewayCounters
+) -> Routing:
+    if settings.routing == STATIC:
+        return StaticRouting(clusters.get(settings.shard_id))
+    if not settings.etcd_endpoints:
+        raise SettingsError("OMS_GATEWAY_ROUTING=etcd needs OMS_ETCD_ENDPOINTS")
+    return EtcdRouting(clusters, settings.etcd_endpoints, settings.mesh_id, counters)
+
+
 class Gateway:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         catalog = load_catalog(settings.markets_file)
         directory = MatcherDirectory.parse(settings.matchers, catalog)
         self.counters = counters = GatewayCounters()
-        self.persister = PersisterClient(
-            settings.persister_address, timeout_s=settings.persister_timeout_ms / 1000
-        )
+        self.clusters = cluster_directory(settings, counters)
+        self.routing = routing = make_routing(settings, self.clusters, counters)
+        self.router = ShardRouter(routing, counters, reroute_s=settings.reroute_ms / 1000)
+        self.persisters = PersisterPool(routing.clusters)
         self.credentials = CredentialDirectory(
-            self.persister,
+            self.persisters,
             admin=admin_holder(settings),
             capacity=settings.credential_cache_size,
             ttl_s=settings.credential_ttl_ms / 1000,
             unknown_ttl_s=settings.unknown_key_ttl_ms / 1000,
         )
         self.hydrate_ahead = HydrateAhead(
-            self.persister, counters, interval_s=settings.prefetch_interval_ms / 1000
+            routing, counters, interval_s=settings.prefetch_interval_ms / 1000
         )
-        shard = ShardEndpoint(
-            address_source(
-                settings.shard_address,
-                kind="shard",
-                name=settings.shard_id,
-                etcd_endpoints=settings.etcd_endpoints,
-                mesh_id=settings.mesh_id,
-            ),
-            timeout_s=settings.request_deadline_ms / 1000,
-            counters=counters,
-        )
-        self.router = ShardRouter(StaticRouting(shard), counters)
         self.order_updates = OrderUpdateFanout(
-            shard, counters, capacity=settings.order_update_queue
+            routing, counters, capacity=settings.order_update_queue
         )
         self.matchers = MatcherControl(
             directory,
@@ -85,10 +109,8 @@ class Gateway:
         self.orders = OrderService(
             validator=validator,
             router=self.router,
-            queries=AccountQueries(
-                self.router, self.persister, self.hydrate_ahead, catalog.by_symbol()
-            ),
-            history=HistoryQueries(self.router, self.persister, validator, catalog.by_symbol()),
+            queries=AccountQueries(self.router, self.hydrate_ahead, catalog.by_symbol()),
+            history=HistoryQueries(self.router, validator, catalog.by_symbol()),
             order_updates=self.order_updates,
             counters=counters,
             trade_in_flight=settings.trade_in_flight,
@@ -97,7 +119,7 @@ class Gateway:
         self.admin = AdminService(
             validator=validator,
             router=self.router,
-            persister=self.persister,
+            persister=self.persisters,
             matchers=self.matchers,
         )
         self.interceptor = GatewayInterceptor(
@@ -119,8 +141,8 @@ class Gateway:
         counters["credential_cache_hits"] = credentials.hits
         counters["credential_cache_misses"] = credentials.misses
         counters["credential_lookups"] = credentials.lookups
-        endpoints = self.router.routing.endpoints()
-        links = [endpoint.link.statistics() for endpoint in endpoints]
+        clusters = self.routing.clusters()
+        links = [cluster.shard.link.statistics() for cluster in clusters]
         counters["shard_batches_sent"] = sum(link.sent_batches for link in links)
         counters["shard_commands_sent"] = sum(link.sent_commands for link in links)
         counters["shard_stream_breaks"] = sum(link.breaks for link in links)
@@ -129,9 +151,11 @@ class Gateway:
         counters["shard_link_refused_away"] = sum(link.refused_away for link in links)
         counters["shard_link_refused_busy"] = sum(link.refused_busy for link in links)
         counters["shard_link_timeouts"] = sum(link.timeouts for link in links)
+        counters["routing_epoch"] = self.routing.epoch
         info = {
-            "shard": self.settings.shard_address,
-            "persister": self.settings.persister_address,
+            "routing": self.settings.routing,
+            "shards": ",".join(f"{c.cluster_id}={c.shard.address}" for c in clusters),
+            "persisters": ",".join(f"{c.cluster_id}={c.persister.address}" for c in clusters),
             "matchers": self.matchers.directory.format(),
         }
         return counters, info
@@ -146,11 +170,11 @@ class Gateway:
             service_names=(ORDER_SERVICE, ADMIN_SERVICE),
             register=register,
             status=self.status,
-            loops=[self.order_updates.run, self.hydrate_ahead.run],
+            loops=[self.routing.run, self.order_updates.run, self.hydrate_ahead.run],
             interceptors=(self.interceptor,),
         )
 
     async def close(self) -> None:
-        await self.router.close()
+        await self.routing.close()
+        await self.clusters.close()
         await self.matchers.close()
-        await self.persister.close()

@@ -12,12 +12,35 @@ from services.settings import setting
 @dataclass(frozen=True)
 class GatewaySettings:
     listen: str = setting(env="OMS_GATEWAY_LISTEN", default="127.0.0.1:7000")
+    routing: str = setting(
+        env="OMS_GATEWAY_ROUTING",
+        default="static",
+        help="static: every user on the one shard of OMS_SHARD_ID / OMS_SHARD_ADDRESS; "
+        "etcd: by the mesh's routing document in etcd, over every cluster it names",
+    )
     shard_address: str = setting(
         env="OMS_SHARD_ADDRESS",
         default="127.0.0.1:7201",
         help="the one shard (static routing): host:port, or etcd (its leader, replicated)",
     )
     shard_id: str = setting(env="OMS_SHARD_ID", default="s1")
+    shards: str = setting(
+        env="OMS_SHARDS",
+        default="",
+        help="etcd routing: id=host:port or id=etcd for each shard cluster; a cluster not "
+        "listed is found by its leader's key in etcd",
+    )
+    persisters: str = setting(
+        env="OMS_PERSISTERS",
+        default="",
+        help="etcd routing: id=host:port or id=etcd for each cluster's persister (same rule)",
+    )
+    reroute_ms: int = setting(
+        env="OMS_GATEWAY_REROUTE_MS",
+        default=2_000,
+        help="how long a command may wait for a newer routing epoch (NOT_OWNER, a user in "
+        "transit) before its client is told to retry",
+    )
     etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
     mesh_id: str = setting(
         env="OMS_MESH_ID",

@@ -16,14 +16,24 @@ from pathlib import Path
 from typing import Any
 
 from services.coordination.addresses import FROM_ETCD
+from services.coordination.errors import CoordinationUnavailable
+from services.coordination.etcd_session import EtcdSession
 from services.infra.command import format_status
 from services.infra.errors import InfraError
 from services.infra.local_infra import InfraEndpoints, LocalInfra, ServerState
 from services.infra.settings import InfraSettings
 from services.markets.catalog import load_catalog
-from services.mesh.mesh_record import MeshRecord, MeshRecordError, prepare_mesh_record
+from services.mesh.mesh_record import (
+    ClusterRecord,
+    MeshRecord,
+    MeshRecordError,
+    prepare_mesh_record,
+)
 from services.mesh.readiness import report_readiness
 from services.mesh.supervisor import ChildSpec, MeshFailedError, Supervisor
+from services.routing.core.routing_changes import first_document
+from services.routing.core.routing_document import RoutingDocumentError
+from services.routing.routing_store import RoutingStore
 from services.settings import load_settings
 
 
@@ -32,6 +42,13 @@ def register(subparsers: Any) -> None:
         "up", help="run the whole mesh locally on embedded defaults (Ctrl-C stops it)"
     )
     parser.add_argument("--state-dir", type=Path, default=None, help="default: ./state")
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="user-shard clusters s1..sN, each with its own persister, bridge and reconciler"
+        " (more than 1: the gateway routes by the routing document in etcd)",
+    )
     parser.add_argument(
         "--replicas",
         type=int,
@@ -53,12 +70,17 @@ def mesh_children(
     in etcd, and every other service finds each group's leader in etcd.
     """
     replicated = record.replicated
+    clusters = record.clusters()
+
+    def shard_setting(cluster: ClusterRecord) -> str:
+        return FROM_ETCD if replicated else cluster.shard
+
     environment = {
         "OMS_ETCD_ENDPOINTS": ",".join(endpoints.etcd_endpoints),
         "OMS_DATABASE_URL": endpoints.database_url,
         "OMS_MESH_ID": record.mesh_id,
         "OMS_SHARD_ID": record.shard_id,
-        "OMS_SHARD_ADDRESS": FROM_ETCD if replicated else record.shard,
+        "OMS_SHARD_ADDRESS": shard_setting(clusters[0]),
         "OMS_PERSISTER_ADDRESS": record.persister,
         "OMS_MATCHERS": ",".join(f"{group}={FROM_ETCD}" for group in record.matchers)
         if replicated
@@ -73,7 +95,13 @@ def mesh_children(
         environment["OMS_BRIDGE_LEADER_LEASE"] = "1"
         environment["OMS_RECONCILER_LEADER_LEASE"] = "1"
         environment["OMS_PERSISTER_LEADER_LEASE"] = "1"
-    shard_address = environment["OMS_SHARD_ADDRESS"]
+    gateway: dict[str, str] = {}
+    if record.sharded:
+        gateway = {
+            "OMS_GATEWAY_ROUTING": "etcd",
+            "OMS_SHARDS": ",".join(f"{c.cluster_id}={shard_setting(c)}" for c in clusters),
+            "OMS_PERSISTERS": ",".join(f"{c.cluster_id}={c.persister}" for c in clusters),
+        }
     services: list[tuple[str, list[str], dict[str, str]]] = []
     for group in record.matchers:
         for index, address in enumerate(record.matcher_replicas(group)):
@@ -82,26 +110,35 @@ def mesh_children(
             argv += ["--data-dir", str(state_dir / name)]
             extra = {"OMS_MATCHER_LOG": "etcd", "OMS_MATCHER_ADVERTISE": address}
             services.append((name, argv, extra if replicated else {}))
-    for index, address in enumerate(record.shard_replicas()):
-        name = f"shard-{record.shard_id}" + (f"-r{index + 1}" if replicated else "")
-        argv = ["shard", "--shard-id", record.shard_id, "--listen", address]
-        argv += ["--data-dir", str(state_dir / name)]
-        extra = {"OMS_SHARD_LOG": "etcd", "OMS_SHARD_ADVERTISE": address}
-        services.append((name, argv, extra if replicated else {}))
-    services += [
-        (
-            "persister",
-            ["persister", "--listen", record.persister, "--shard-address", shard_address],
-            {},
-        ),
-        ("bridge", ["bridge", "--listen", record.bridge, "--shard-address", shard_address], {}),
-        (
-            "reconciler",
-            ["reconciler", "--listen", record.reconciler, "--shard-address", shard_address],
-            {},
-        ),
-        ("gateway", ["gateway", "--listen", record.gateway], {}),
-    ]
+    for cluster in clusters:
+        # One cluster keeps the names of a one-shard mesh; more are named by cluster.
+        suffix = f"-{cluster.cluster_id}" if record.sharded else ""
+        own = {"OMS_SHARD_ID": cluster.cluster_id}
+        for index, address in enumerate(cluster.shard_replicas()):
+            name = f"shard-{cluster.cluster_id}" + (f"-r{index + 1}" if replicated else "")
+            argv = ["shard", "--shard-id", cluster.cluster_id, "--listen", address]
+            argv += ["--data-dir", str(state_dir / name)]
+            extra = {"OMS_SHARD_LOG": "etcd", "OMS_SHARD_ADVERTISE": address}
+            services.append((name, argv, {**own, **(extra if replicated else {})}))
+        shard_address = shard_setting(cluster)
+        services += [
+            (
+                f"persister{suffix}",
+                ["persister", "--listen", cluster.persister, "--shard-address", shard_address],
+                own,
+            ),
+            (
+                f"bridge{suffix}",
+                ["bridge", "--listen", cluster.bridge, "--shard-address", shard_address],
+                own,
+            ),
+            (
+                f"reconciler{suffix}",
+                ["reconciler", "--listen", cluster.reconciler, "--shard-address", shard_address],
+                own,
+            ),
+        ]
+    services.append(("gateway", ["gateway", "--listen", record.gateway], gateway))
     for name, argv, _ in services:
         print(f"[mesh] {name:<15} will listen on {argv[argv.index('--listen') + 1]}", flush=True)
     return [
@@ -133,9 +170,14 @@ def run_up(arguments: argparse.Namespace) -> int:
     started_here = {status.name for status in infra.status()} - already_running
     try:
         record = prepare_mesh_record(
-            infra.state_dir, load_catalog().groups(), replicas=arguments.replicas
+            infra.state_dir,
+            load_catalog().groups(),
+            replicas=arguments.replicas,
+            shards=arguments.shards,
         )
-    except MeshRecordError as error:
+        if record.sharded:
+            print(asyncio.run(first_routing(endpoints, record)), flush=True)
+    except (MeshRecordError, CoordinationUnavailable, RoutingDocumentError) as error:
         print(f"oms up: {error}", file=sys.stderr)
         if started_here:
             infra.down()
@@ -153,6 +195,20 @@ def run_up(arguments: argparse.Namespace) -> int:
                 print(format_status(status), flush=True)
     print("[mesh] stopped", flush=True)
     return 0
+
+
+async def first_routing(endpoints: InfraEndpoints, record: MeshRecord) -> str:
+    """The mesh's routing document: written as epoch 1 (every cluster active) the first
+    time, kept as it is afterwards (waves may have changed it since)."""
+    async with EtcdSession(endpoints.etcd_endpoints) as session:
+        store = RoutingStore(session, record.mesh_id)
+        stored = await store.read()
+        origin = "from etcd"
+        if stored is None:
+            first = first_document([cluster.cluster_id for cluster in record.clusters()])
+            stored, origin = await store.swap(None, first), "written"
+        clusters = ", ".join(f"{c.cluster_id} ({c.state.value})" for c in stored.document.clusters)
+        return f"[mesh] routing: epoch {stored.epoch} {origin}, clusters {clusters}"
 
 
 async def _supervise(children: list[ChildSpec]) -> None:

@@ -13,6 +13,12 @@ Each state folder names its mesh once (`mesh_id`, `mesh-` and 8 random hex digit
 every service gets it as `OMS_MESH_ID`, so its keys in etcd are its own even on an
 etcd shared with other meshes, and the persister claims the database for it
 (`persister/mesh_identity.py`).
+
+With `--shards N` the mesh has N user-shard clusters, `s1` (the fields `shard`,
+`persister`, `bridge`, `reconciler`) and `s2`..`sN` (`other_clusters`), each with its
+own shard (and followers), persister, bridge and reconciler. A folder keeps its
+number of clusters too: a mesh grows or shrinks by scaling waves (`omsctl`), which
+move users in the routing document, not by starting it with another number.
 """
 
 from __future__ import annotations
@@ -27,10 +33,26 @@ from services.infra.ports import LOOPBACK, free_port, port_is_free
 
 RECORD_NAME = "mesh.json"
 SHARD_ID = "s1"
+MAX_SHARDS = 16
 
 
 class MeshRecordError(ValueError):
     """The state folder was made for another shape of mesh."""
+
+
+@dataclass(frozen=True)
+class ClusterRecord:
+    """One user-shard cluster's addresses."""
+
+    cluster_id: str
+    shard: str
+    persister: str
+    bridge: str
+    reconciler: str
+    shard_followers: list[str] = field(default_factory=list)
+
+    def shard_replicas(self) -> list[str]:
+        return [self.shard, *self.shard_followers]
 
 
 @dataclass(frozen=True)
@@ -49,10 +71,28 @@ class MeshRecord:
     shard_followers: list[str] = field(default_factory=list)
     matcher_followers: dict[str, list[str]] = field(default_factory=dict)
     mesh_id: str = ""  # "" only in a record written before mesh ids existed
+    shards: int = 1
+    other_clusters: list[ClusterRecord] = field(default_factory=list)  # s2..sN
 
     @property
     def replicated(self) -> bool:
         return self.replicas > 1
+
+    @property
+    def sharded(self) -> bool:
+        """More than one cluster: the gateway routes by the routing document in etcd."""
+        return self.shards > 1
+
+    def clusters(self) -> list[ClusterRecord]:
+        first = ClusterRecord(
+            self.shard_id,
+            self.shard,
+            self.persister,
+            self.bridge,
+            self.reconciler,
+            list(self.shard_followers),
+        )
+        return [first, *self.other_clusters]
 
     def shard_replicas(self) -> list[str]:
         return [self.shard, *self.shard_followers]
@@ -70,14 +110,25 @@ def read_mesh_record(state_dir: Path) -> MeshRecord | None:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return None
+    data["other_clusters"] = [ClusterRecord(**c) for c in data.get("other_clusters", [])]
     return MeshRecord(**data)
 
 
-def prepare_mesh_record(state_dir: Path, groups: list[str], *, replicas: int = 1) -> MeshRecord:
+def prepare_mesh_record(
+    state_dir: Path, groups: list[str], *, replicas: int = 1, shards: int = 1
+) -> MeshRecord:
     """The previous record's ports where still free, new free ports otherwise."""
     if replicas < 1:
         raise MeshRecordError("a group runs at least one replica")
+    if not 1 <= shards <= MAX_SHARDS:
+        raise MeshRecordError(f"a local mesh runs 1 to {MAX_SHARDS} shard clusters")
     previous = read_mesh_record(state_dir)
+    if previous is not None and previous.shards != shards:
+        raise MeshRecordError(
+            f"{state_dir} holds a mesh of {previous.shards} shard cluster(s), not {shards}: "
+            "its routing document and logs belong to that one; scale it with omsctl, or "
+            "choose another --state-dir"
+        )
     if previous is not None and previous.replicas != replicas:
         raise MeshRecordError(
             f"{state_dir} holds a mesh of {previous.replicas} replica(s) per group, not "
@@ -104,6 +155,20 @@ def prepare_mesh_record(state_dir: Path, groups: list[str], *, replicas: int = 1
     def followers(old: list[str]) -> list[str]:
         return [address(old[i] if i < len(old) else None) for i in range(replicas - 1)]
 
+    old_clusters = {c.cluster_id: c for c in previous.other_clusters} if previous else {}
+
+    def cluster(index: int) -> ClusterRecord:
+        cluster_id = f"s{index}"
+        old = old_clusters.get(cluster_id)
+        return ClusterRecord(
+            cluster_id,
+            shard=address(old.shard if old else None),
+            persister=address(old.persister if old else None),
+            bridge=address(old.bridge if old else None),
+            reconciler=address(old.reconciler if old else None),
+            shard_followers=followers(old.shard_followers if old else []),
+        )
+
     record = MeshRecord(
         gateway=address(previous.gateway if previous else None),
         shard=address(previous.shard if previous else None),
@@ -121,6 +186,8 @@ def prepare_mesh_record(state_dir: Path, groups: list[str], *, replicas: int = 1
         }
         if replicas > 1
         else {},
+        shards=shards,
+        other_clusters=[cluster(index) for index in range(2, shards + 1)],
     )
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / RECORD_NAME

@@ -1,20 +1,23 @@
 """The mesh's invariants, checked from outside after every end-to-end test.
 
 Read through the services' public queries and PostgreSQL (the system of record),
-once the mesh is quiet (`wait_quiet`):
-1. money is conserved across PostgreSQL and resident state, per asset:
+once the mesh is quiet (`wait_quiet`), over every shard of the mesh (one, or the
+clusters of a sharded mesh, each with its own persister):
+0. no user is resident in two shards;
+1. money is conserved across PostgreSQL and resident state, per asset, over all shards:
    resident users + clearing + fees + stored (non-resident) users = deposits - withdrawals,
-   the shard's own books balance, and PostgreSQL's double-entry ledger agrees with both:
+   each shard's own books balance, and PostgreSQL's double-entry ledger agrees with them:
    every user's ledger sum is that user's balance wherever it lives (resident or
-   stored), the clearing and fee accounts match the shard's, and the external account
-   is minus the net deposits;
+   stored), the clearing and fee accounts match the shards' together, and the external
+   account is minus the net deposits;
 2. every reservation is backed by an open order or a saga in flight (pending orders
    are in the open-orders index), and no balance is negative or over-reserved;
-3. the matcher's open orders equal the shard's index, user by user and group by group
-   (order id and lots left), and a user the shard does not hold has none at any matcher;
-4. every acknowledged order is present: live in the shard's index, or finished in
+3. the matcher's open orders equal the index of the shard holding the user, user by
+   user and group by group (order id and lots left), and a user has none at any
+   matcher under a shard that does not hold it;
+4. every acknowledged order is present: live in its shard's index, or finished in
    PostgreSQL; and PostgreSQL holds a row for every one of them;
-5. the persister's DB-side oracles (duplicates or refused rows that reached the
+5. every persister's DB-side oracles (duplicates or refused rows that reached the
    database) are all zero.
 
 Several services answer at their own pace (the write-behind lands ~10 ms after the
@@ -74,11 +77,22 @@ CALL_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
-class MeshAddresses:
+class ShardAddresses:
+    shard_id: str
     shard: str
     persister: str
+
+
+@dataclass(frozen=True)
+class MeshAddresses:
+    shards: tuple[ShardAddresses, ...]
     matchers: Mapping[str, str]  # group -> address
-    shard_id: str = "s1"
+
+    @classmethod
+    def single(
+        cls, *, shard: str, persister: str, matchers: Mapping[str, str], shard_id: str = "s1"
+    ) -> MeshAddresses:
+        return cls((ShardAddresses(shard_id, shard, persister),), matchers)
 
 
 class MeshInvariantError(AssertionError):
@@ -86,7 +100,7 @@ class MeshInvariantError(AssertionError):
 
 
 def mesh_addresses(mesh: FullMesh) -> MeshAddresses:
-    return MeshAddresses(
+    return MeshAddresses.single(
         shard=mesh.shard.address,
         persister=mesh.persister.address,
         matchers=mesh.matcher_addresses,
@@ -107,30 +121,42 @@ async def check_full_mesh(
 
 
 @dataclass
-class _Stubs:
+class _ShardStubs:
+    shard_id: str
     shard: shard_pb2_grpc.UserShardStub
     persister: persister_pb2_grpc.PersisterStub
     persister_status: status_pb2_grpc.StatusStub
+
+
+@dataclass
+class _Stubs:
+    shards: dict[str, _ShardStubs]
     matchers: dict[str, matcher_pb2_grpc.MatcherStub]
+
+    def any_persister(self) -> persister_pb2_grpc.PersisterStub:
+        return next(iter(self.shards.values())).persister
 
 
 @asynccontextmanager
 async def _stubs(addresses: MeshAddresses) -> AsyncIterator[_Stubs]:
     async with AsyncExitStack() as stack:
-        shard = await stack.enter_async_context(mesh_channel(addresses.shard))
-        persister = await stack.enter_async_context(mesh_channel(addresses.persister))
+        shards = {}
+        for entry in addresses.shards:
+            shard = await stack.enter_async_context(mesh_channel(entry.shard))
+            persister = await stack.enter_async_context(mesh_channel(entry.persister))
+            shards[entry.shard_id] = _ShardStubs(
+                entry.shard_id,
+                shard_pb2_grpc.UserShardStub(shard),
+                persister_pb2_grpc.PersisterStub(persister),
+                status_pb2_grpc.StatusStub(persister),
+            )
         matchers = {
             group: matcher_pb2_grpc.MatcherStub(
                 await stack.enter_async_context(mesh_channel(address))
             )
             for group, address in addresses.matchers.items()
         }
-        yield _Stubs(
-            shard_pb2_grpc.UserShardStub(shard),
-            persister_pb2_grpc.PersisterStub(persister),
-            status_pb2_grpc.StatusStub(persister),
-            matchers,
-        )
+        yield _Stubs(shards, matchers)
 
 
 async def _until(probe: Callable[[], Awaitable[str | None]], timeout_s: float, what: str) -> None:
@@ -157,25 +183,28 @@ async def _until(probe: Callable[[], Awaitable[str | None]], timeout_s: float, w
 
 
 async def wait_quiet(addresses: MeshAddresses, *, timeout_s: float = QUIET_TIMEOUT_S) -> None:
-    """Poll until no saga is in flight, no command parked, and the shard has applied every
-    matcher event the matchers made durable for it."""
+    """Poll until no saga is in flight, no command parked, and every shard has applied
+    every matcher event the matchers made durable for it."""
     async with _stubs(addresses) as stubs:
-        await _wait_quiet(stubs, addresses.shard_id, timeout_s)
+        await _wait_quiet(stubs, timeout_s)
 
 
-async def _wait_quiet(stubs: _Stubs, shard_id: str, timeout_s: float) -> None:
+async def _wait_quiet(stubs: _Stubs, timeout_s: float) -> None:
     async def probe() -> str | None:
-        status = await stubs.shard.GetStatus(shard_pb2.ShardStatusRequest(), timeout=CALL_TIMEOUT_S)
-        snapshot = await stubs.shard.GetInFlight(
-            shard_pb2.InFlightRequest(), timeout=CALL_TIMEOUT_S
-        )
-        behind = await _matcher_backlog(stubs, shard_id, dict(snapshot.matcher_sequences))
-        if status.in_flight_sagas == 0 and status.parked_commands == 0 and not behind:
-            return None
-        return (
-            f"in flight {status.in_flight_sagas}, parked {status.parked_commands},"
-            f" matcher events not yet applied {behind}"
-        )
+        for shard in stubs.shards.values():
+            status = await shard.shard.GetStatus(
+                shard_pb2.ShardStatusRequest(), timeout=CALL_TIMEOUT_S
+            )
+            snapshot = await shard.shard.GetInFlight(
+                shard_pb2.InFlightRequest(), timeout=CALL_TIMEOUT_S
+            )
+            behind = await _matcher_backlog(stubs, shard.shard_id, dict(snapshot.matcher_sequences))
+            if status.in_flight_sagas or status.parked_commands or behind:
+                return (
+                    f"shard {shard.shard_id}: in flight {status.in_flight_sagas}, parked"
+                    f" {status.parked_commands}, matcher events not yet applied {behind}"
+                )
+        return None
 
     await _until(probe, timeout_s, "the mesh is not quiet")
 
@@ -206,12 +235,12 @@ async def check_mesh_invariants(
 ) -> None:
     """Wait for quiet, then check every invariant (see the module's docstring).
 
-    `clearing_settled`: one shard owns both legs of every trade in these meshes, so once
-    both are settled the clearing account of every asset is back at zero.
+    `clearing_settled`: once both legs of every trade are settled (on one shard, or on
+    two), the clearing accounts of every asset, summed over the shards, are back at zero.
     """
     acknowledged = sorted(set(acknowledged_order_ids))
     async with _stubs(addresses) as stubs:
-        await _wait_quiet(stubs, addresses.shard_id, QUIET_TIMEOUT_S)
+        await _wait_quiet(stubs, QUIET_TIMEOUT_S)
         connection = await asyncpg.connect(database_url)
         try:
             await _until(
@@ -220,7 +249,7 @@ async def check_mesh_invariants(
                 "money is not conserved",
             )
             await _until(
-                lambda: _placement_problem(stubs, connection, addresses.shard_id),
+                lambda: _placement_problem(stubs, connection),
                 AGREE_TIMEOUT_S,
                 "reservations or open orders disagree",
             )
@@ -231,33 +260,52 @@ async def check_mesh_invariants(
             )
         finally:
             await connection.close()
-        oracles = await _persister_counters(stubs)
-        moved = {name: oracles.get(name, 0) for name in ORACLE_COUNTERS if oracles.get(name, 0)}
-        if moved:
-            raise MeshInvariantError(f"DB-side oracles moved: {moved}")
+        for shard in stubs.shards.values():
+            oracles = await _persister_counters(shard)
+            moved = {n: oracles.get(n, 0) for n in ORACLE_COUNTERS if oracles.get(n, 0)}
+            if moved:
+                raise MeshInvariantError(f"DB-side oracles of {shard.shard_id} moved: {moved}")
 
 
 @dataclass(frozen=True)
 class _ShardView:
-    """The shard's books and resident users as of one applied log position."""
+    """One shard's books and resident users as of one applied log position."""
 
     status: shard_pb2.ShardStatus
     resident: tuple[int, ...]
 
 
-async def _shard_view(stubs: _Stubs) -> _ShardView:
+@dataclass(frozen=True)
+class _MeshView:
+    shards: dict[str, _ShardView]
+    holder: dict[int, str]  # resident user -> the shard holding it
+
+
+async def _shard_view(shard: shard_pb2_grpc.UserShardStub) -> _ShardView:
     # Status and the user list are two calls; taken again until no entry (a timer, an
     # eviction) was applied between them, they describe one log position.
     for _ in range(50):
-        before = await stubs.shard.GetStatus(shard_pb2.ShardStatusRequest(), timeout=CALL_TIMEOUT_S)
-        resident = await _resident_users(stubs.shard)
-        after = await stubs.shard.GetStatus(shard_pb2.ShardStatusRequest(), timeout=CALL_TIMEOUT_S)
+        before = await shard.GetStatus(shard_pb2.ShardStatusRequest(), timeout=CALL_TIMEOUT_S)
+        resident = await resident_users(shard)
+        after = await shard.GetStatus(shard_pb2.ShardStatusRequest(), timeout=CALL_TIMEOUT_S)
         if before.applied_position == after.applied_position:
             return _ShardView(after, tuple(resident))
     raise MeshInvariantError("the shard never held still for two status reads")
 
 
-async def _resident_users(shard: shard_pb2_grpc.UserShardStub) -> list[int]:
+async def _mesh_view(stubs: _Stubs) -> _MeshView | str:
+    """Every shard's view, or the users resident in two shards (invariant 0)."""
+    views = {shard_id: await _shard_view(s.shard) for shard_id, s in stubs.shards.items()}
+    holder: dict[int, str] = {}
+    for shard_id, view in views.items():
+        for user_id in view.resident:
+            if user_id in holder:
+                return f"user {user_id} is resident in {holder[user_id]} and in {shard_id}"
+            holder[user_id] = shard_id
+    return _MeshView(views, holder)
+
+
+async def resident_users(shard: shard_pb2_grpc.UserShardStub) -> list[int]:
     users: list[int] = []
     after = 0
     while True:
@@ -270,15 +318,15 @@ async def _resident_users(shard: shard_pb2_grpc.UserShardStub) -> list[int]:
         after = page.next_after_user_id
 
 
-async def _actor(stubs: _Stubs, user_id: int) -> shard_pb2.ActorView:
-    view: shard_pb2.ActorView = await stubs.shard.GetActor(
+async def _actor(shard: _ShardStubs, user_id: int) -> shard_pb2.ActorView:
+    view: shard_pb2.ActorView = await shard.shard.GetActor(
         shard_pb2.ActorQuery(user_id=user_id), timeout=CALL_TIMEOUT_S
     )
     return view
 
 
 async def _stored_user(stubs: _Stubs, user_id: int) -> persister_pb2.StoredUser:
-    stored: persister_pb2.StoredUser = await stubs.persister.GetStoredUser(
+    stored: persister_pb2.StoredUser = await stubs.any_persister().GetStoredUser(
         persister_pb2.UserQuery(user_id=user_id), timeout=CALL_TIMEOUT_S
     )
     return stored
@@ -288,8 +336,8 @@ async def _database_users(connection: asyncpg.Connection) -> list[int]:
     return [int(row["user_id"]) for row in await connection.fetch("SELECT user_id FROM users")]
 
 
-async def _persister_counters(stubs: _Stubs) -> dict[str, int]:
-    report: status_pb2.StatusReport = await stubs.persister_status.GetStatus(
+async def _persister_counters(shard: _ShardStubs) -> dict[str, int]:
+    report: status_pb2.StatusReport = await shard.persister_status.GetStatus(
         status_pb2.StatusRequest(), timeout=CALL_TIMEOUT_S
     )
     return dict(report.counters)
@@ -301,37 +349,45 @@ async def _persister_counters(stubs: _Stubs) -> dict[str, int]:
 async def _money_problem(
     stubs: _Stubs, connection: asyncpg.Connection, clearing_settled: bool
 ) -> str | None:
-    view = await _shard_view(stubs)
-    resident = set(view.resident)
-    # Balances by user: resident ones from the shard, the rest from PostgreSQL. A user
+    view = await _mesh_view(stubs)
+    if isinstance(view, str):
+        return view
+    # Balances by user: resident ones from their shard, the rest from PostgreSQL. A user
     # who leaves memory after the view was taken was flushed with the same balances
     # (the mesh is quiet), so reading them from the shard is still right.
     balances: dict[int, dict[str, int]] = {}
     stored_totals: dict[str, int] = defaultdict(int)
-    for user_id in sorted(set(await _database_users(connection)) | resident):
-        if user_id in resident:
-            actor = await _actor(stubs, user_id)
+    for user_id in sorted(set(await _database_users(connection)) | set(view.holder)):
+        shard_id = view.holder.get(user_id)
+        if shard_id is not None:
+            actor = await _actor(stubs.shards[shard_id], user_id)
             balances[user_id] = {b.asset: b.total for b in actor.state.balances}
             continue
         stored = await _stored_user(stubs, user_id)
         balances[user_id] = {b.asset: b.total for b in stored.state.balances}
         for balance in stored.state.balances:
             stored_totals[balance.asset] += balance.total
-    books = {entry.asset: entry for entry in view.status.accounts}
+    books: dict[str, shard_pb2.ShardAssetAccounts] = {}
+    for shard_id, shard_view in view.shards.items():
+        for entry in shard_view.status.accounts:
+            owned = entry.resident + entry.clearing + entry.fees
+            moved_in = entry.hydrated_in - entry.dehydrated_out
+            if owned != entry.deposits - entry.withdrawals + moved_in:
+                return f"{entry.asset}: the books of {shard_id} do not balance: {entry}"
+            total = books.setdefault(entry.asset, shard_pb2.ShardAssetAccounts(asset=entry.asset))
+            for name in ("resident", "clearing", "fees", "deposits", "withdrawals"):
+                setattr(total, name, getattr(total, name) + getattr(entry, name))
     for asset, amount in stored_totals.items():
         if amount and asset not in books:
-            return f"stored users hold {amount} {asset}, an asset the shard keeps no books of"
+            return f"stored users hold {amount} {asset}, an asset no shard keeps books of"
     for asset, entry in books.items():
-        owned = entry.resident + entry.clearing + entry.fees
-        if owned != entry.deposits - entry.withdrawals + entry.hydrated_in - entry.dehydrated_out:
-            return f"{asset}: the shard's own books do not balance: {entry}"
-        inside = owned + stored_totals.get(asset, 0)
+        inside = entry.resident + entry.clearing + entry.fees + stored_totals.get(asset, 0)
         outside = entry.deposits - entry.withdrawals
         if inside != outside:
             return (
                 f"{asset}: resident {entry.resident} + clearing {entry.clearing} + fees"
                 f" {entry.fees} + stored {stored_totals.get(asset, 0)} = {inside}, but deposits"
-                f" - withdrawals = {outside}"
+                f" - withdrawals = {outside} (over {len(view.shards)} shard(s))"
             )
         if clearing_settled and entry.clearing:
             return f"{asset}: clearing holds {entry.clearing} with every trade settled"
@@ -381,33 +437,36 @@ async def _ledger_problem(
 # --- 2 and 3. reservations, and the matchers against the shard's index ---------------
 
 
-async def _placement_problem(
-    stubs: _Stubs, connection: asyncpg.Connection, shard_id: str
-) -> str | None:
-    resident = set(await _resident_users(stubs.shard))
-    for user_id in sorted(set(await _database_users(connection)) | resident):
-        actor = await _actor(stubs, user_id) if user_id in resident else None
+async def _placement_problem(stubs: _Stubs, connection: asyncpg.Connection) -> str | None:
+    view = await _mesh_view(stubs)
+    if isinstance(view, str):
+        return view
+    for user_id in sorted(set(await _database_users(connection)) | set(view.holder)):
+        holder = view.holder.get(user_id)
+        actor = await _actor(stubs.shards[holder], user_id) if holder is not None else None
         if actor is not None and actor.resident:
             problem = _reservation_problem(user_id, actor)
             if problem:
                 return problem
-        for group, matcher in stubs.matchers.items():
-            snapshot = await matcher.GetOpenOrders(
-                matcher_pb2.OpenOrdersQuery(oms_shard=shard_id, user_id=user_id),
-                timeout=CALL_TIMEOUT_S,
-            )
-            at_matcher = sorted((s.order.order_id, s.remaining_lots) for s in snapshot.orders)
-            in_shard = sorted(
-                (order.order_id, order.remaining_lots)
-                for order in (actor.open_orders if actor is not None else ())
-                if order.status in LIVE and _GROUPS[order.symbol] == group
-            )
-            if at_matcher != in_shard:
-                where = "indexes" if actor is not None and actor.resident else "(not resident)"
-                return (
-                    f"user {user_id} group {group}: matcher holds {at_matcher},"
-                    f" shard {where} {in_shard}"
+        for shard_id in stubs.shards:
+            held = actor if shard_id == holder else None
+            for group, matcher in stubs.matchers.items():
+                snapshot = await matcher.GetOpenOrders(
+                    matcher_pb2.OpenOrdersQuery(oms_shard=shard_id, user_id=user_id),
+                    timeout=CALL_TIMEOUT_S,
                 )
+                at_matcher = sorted((s.order.order_id, s.remaining_lots) for s in snapshot.orders)
+                in_shard = sorted(
+                    (order.order_id, order.remaining_lots)
+                    for order in (held.open_orders if held is not None else ())
+                    if order.status in LIVE and _GROUPS[order.symbol] == group
+                )
+                if at_matcher != in_shard:
+                    where = "indexes" if held is not None and held.resident else "(not resident)"
+                    return (
+                        f"user {user_id} group {group}: matcher holds {at_matcher} under"
+                        f" {shard_id}, shard {shard_id} {where} {in_shard}"
+                    )
     return None
 
 
@@ -447,9 +506,10 @@ async def _acknowledged_problem(
     if missing:
         return f"{len(missing)} acknowledged orders have no row in PostgreSQL: {missing[:5]}"
     live: set[str] = set()
-    owners = sorted({_owner(order_id) for order_id in order_ids})
-    for user_id in owners:
-        actor = await _actor(stubs, user_id)
+    for shard_id, user_id in sorted({_owner(order_id) for order_id in order_ids}):
+        if shard_id not in stubs.shards:
+            return f"orders of a shard this check does not know: {shard_id}"
+        actor = await _actor(stubs.shards[shard_id], user_id)
         live.update(order.order_id for order in actor.open_orders if actor.resident)
     unfinished = [
         (order_id, stored[order_id])
@@ -461,5 +521,7 @@ async def _acknowledged_problem(
     return None
 
 
-def _owner(order_id: str) -> int:
-    return int(order_id.split(":")[1])
+def _owner(order_id: str) -> tuple[str, int]:
+    """The shard and the user an order id names ("<shard>:<user>:<seq>")."""
+    shard_id, user_id, _ = order_id.split(":")
+    return shard_id, int(user_id)

@@ -54,3 +54,27 @@ def test_mesh_ids_are_dns_labels() -> None:
     for bad in ("", "Mesh", "a/b", "-a", "a-", "a" * 64):
         with pytest.raises(ValueError, match="DNS label"):
             mesh_prefix(bad)
+
+
+def test_each_cluster_has_its_own_shard_persister_bridge_and_reconciler(tmp_path: Path) -> None:
+    record = prepare_mesh_record(tmp_path, ["g1"], shards=3)
+    assert [cluster.cluster_id for cluster in record.clusters()] == ["s1", "s2", "s3"]
+    endpoints = InfraEndpoints(
+        etcd_endpoints=("127.0.0.1:1",), database_url="postgresql://x", embedded=True
+    )
+    children = {child.name: child for child in mesh_children(endpoints, tmp_path, record)}
+    for cluster in record.clusters():
+        for role in ("persister", "bridge", "reconciler"):
+            child = children[f"{role}-{cluster.cluster_id}"]
+            assert child.environment["OMS_SHARD_ID"] == cluster.cluster_id
+            assert cluster.shard in child.argv
+        assert children[f"shard-{cluster.cluster_id}"].environment["OMS_SHARD_ID"] == (
+            cluster.cluster_id
+        )
+    gateway = children["gateway"].environment
+    assert gateway["OMS_GATEWAY_ROUTING"] == "etcd"
+    assert gateway["OMS_SHARDS"] == ",".join(f"{c.cluster_id}={c.shard}" for c in record.clusters())
+    # The folder keeps its shape: a mesh changes its clusters by waves, not by restarts.
+    with pytest.raises(MeshRecordError, match="3 shard cluster"):
+        prepare_mesh_record(tmp_path, ["g1"], shards=2)
+    assert prepare_mesh_record(tmp_path, ["g1"], shards=3).clusters() == record.clusters()

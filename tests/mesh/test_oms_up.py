@@ -3,6 +3,7 @@ Ctrl-C stops everything cleanly."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from services.infra.local_infra import LocalInfra, ServerState
+from tests.bridge.bridge_process import service_status
 from tests.replication.replicated_mesh import (
     ReplicatedMesh,
     kill_replica,
@@ -125,4 +127,26 @@ def test_oms_up_with_three_replicas_trades_through_the_leaders_kills(
         for replicas, (_, term) in zip(groups, terms, strict=True):
             wait_new_term(replicas, term)
         _demo(state_dir, mesh.environment)
+        assert mesh.stop() == 0
+
+
+@pytest.mark.slow
+def test_oms_up_with_two_shards_routes_by_the_document_and_the_demo_trades(
+    tmp_path: Path, database_url: str
+) -> None:
+    """`oms up --shards 2`: clusters s1 and s2, each with its own shard, persister, bridge
+    and reconciler; the first routing document (epoch 1, both active) is written to etcd;
+    the gateway routes by it, and the demo's two traders trade through it."""
+    state_dir = tmp_path / "state"
+    with ReplicatedMesh(state_dir, database_url, replicas=1, shards=2) as mesh:
+        assert any(
+            "[mesh] routing: epoch 1 written, clusters s1 (active), s2 (active)" in line
+            for line in mesh.seen
+        )
+        record = mesh.record
+        assert [cluster.cluster_id for cluster in record.clusters()] == ["s1", "s2"]
+        _demo(state_dir, mesh.environment)
+        report = asyncio.run(service_status(record.gateway))
+        assert report.counters["routing_epoch"] == 1
+        assert dict(report.info)["routing"] == "etcd"
         assert mesh.stop() == 0

@@ -1,6 +1,7 @@
 """`oms up --replicas 3` as a test harness: the replicated mesh exactly as a developer
 runs it (supervised children; three replicas of the shard and of each matcher group
-over logs in etcd), on an etcd and a database of its own.
+over logs in etcd), on an etcd and a database of its own. Other shapes too
+(`replicas`, `shards`: `oms up --shards 2`).
 
 Its own etcd, not the session's: each state folder is a mesh of its own id (its keys
 under /oms/v1/<mesh id>/), and a mesh's keys are never deleted, so the session's etcd
@@ -37,8 +38,16 @@ START_TIMEOUT_S = 120.0
 
 class ReplicatedMesh:
     def __init__(
-        self, state_dir: Path, server_url: str, environment: dict[str, str] | None = None
+        self,
+        state_dir: Path,
+        server_url: str,
+        environment: dict[str, str] | None = None,
+        *,
+        replicas: int = 3,
+        shards: int = 1,
     ) -> None:
+        self.replicas = replicas
+        self.shards = shards
         self.state_dir = state_dir
         self.server_url = server_url
         self.database_url = ""
@@ -52,7 +61,8 @@ class ReplicatedMesh:
     @property
     def record(self) -> MeshRecord:
         record = read_mesh_record(self.state_dir)
-        assert record is not None and record.replicas == 3, record
+        assert record is not None and record.replicas == self.replicas, record
+        assert record.shards == self.shards, record
         return record
 
     def __enter__(self) -> Self:
@@ -61,7 +71,8 @@ class ReplicatedMesh:
             self.environment["OMS_ETCD_ENDPOINTS"] = self.etcd.endpoint
             self.database_url = fresh_database(self.server_url)
             self.environment["OMS_DATABASE_URL"] = self.database_url
-            command = [sys.executable, "-m", "services.command_line", "up", "--replicas", "3"]
+            command = [sys.executable, "-m", "services.command_line", "up"]
+            command += ["--replicas", str(self.replicas), "--shards", str(self.shards)]
             self.process = subprocess.Popen(
                 [*command, "--state-dir", str(self.state_dir)],
                 stdout=subprocess.PIPE,

@@ -91,7 +91,7 @@ async def test_leaders_killed_under_an_order_load_lose_and_double_nothing(
 
     order_ids = await audit_accounts(record.gateway, load)
     shard_leader, _ = leader_of(record.shard_replicas())
-    addresses = MeshAddresses(
+    addresses = MeshAddresses.single(
         shard=shard_leader,
         persister=record.persister,
         matchers={group: leader_of(record.matcher_replicas(group))[0] for group in record.matchers},

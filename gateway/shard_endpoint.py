@@ -1,0 +1,103 @@
+"""One shard as the gateway reaches it: the process's one shared `ShardLink` (every
+client's commands leave in the same batches) plus a channel for queries and the
+egress subscription, at the shard's address (its leader's, when replicated)."""
+
+from __future__ import annotations
+
+import grpc
+
+from gateway.errors import GatewayError, timed_out, unavailable
+from gateway.statistics import GatewayCounters
+from protos.oms.v1 import shard_pb2, shard_pb2_grpc
+from services.clients.channels import mesh_channel
+from services.clients.shard_link import LinkState, ShardLink, ShardUnavailableError
+from services.coordination.addresses import AddressSource
+from services.coordination.errors import CoordinationUnavailable
+
+
+class ShardEndpoint:
+    def __init__(
+        self, address: AddressSource, *, timeout_s: float, counters: GatewayCounters
+    ) -> None:
+        self.source = address
+        self.address = address.describe()
+        self.timeout_s = timeout_s
+        self.counters = counters
+        self.link = ShardLink(address)
+        self._channel: grpc.aio.Channel | None = None
+        self._channel_address = ""
+        self._stub: shard_pb2_grpc.UserShardStub | None = None
+
+    async def stub(self) -> shard_pb2_grpc.UserShardStub:
+        """The query stub of the shard's current address (its leader's, when replicated)."""
+        try:
+            address = await self.source.resolve()
+        except CoordinationUnavailable as error:
+            self.counters.add("shard_unavailable")
+            raise unavailable(f"shard {self.address}: {error}") from error
+        if self._stub is None or address != self._channel_address:
+            if self._channel is not None:
+                await self._channel.close()
+            self._channel = mesh_channel(address)
+            self._channel_address = self.address = address
+            self._stub = shard_pb2_grpc.UserShardStub(self._channel)
+        return self._stub
+
+    async def execute(self, command: shard_pb2.ShardCommand) -> shard_pb2.ShardResult:
+        """The command's final result; UNAVAILABLE / TIMEOUT errors say: retry, same ids."""
+        try:
+            return await self.link.execute(command, timeout_s=self.timeout_s)
+        except ShardUnavailableError as error:
+            self.counters.add("shard_unavailable")
+            raise unavailable(str(error)) from error
+        except TimeoutError as error:
+            self.counters.add("shard_timeouts")
+            raise timed_out(
+                f"shard {self.address} gave no result in {self.timeout_s:g} s"
+            ) from error
+
+    async def actor(self, user_id: int, *, orders_only: bool = False) -> shard_pb2.ActorView:
+        """The user's actor as the shard has it (`orders_only`: without its state)."""
+        self._refuse_if_away("GetActor")
+        try:
+            # Waits for the query channel to connect (it may still be backing off from a
+            # try made before the shard was up), within the deadline; a shard the link
+            # knows to be away was refused above.
+            stub = await self.stub()
+            view: shard_pb2.ActorView = await stub.GetActor(
+                shard_pb2.ActorQuery(user_id=user_id, orders_only=orders_only),
+                timeout=self.timeout_s,
+                wait_for_ready=True,
+            )
+            return view
+        except grpc.aio.AioRpcError as error:
+            raise self._query_failed("GetActor", error) from error
+
+    async def applied_position(self) -> int:
+        self._refuse_if_away("GetStatus")
+        try:
+            stub = await self.stub()
+            status = await stub.GetStatus(
+                shard_pb2.ShardStatusRequest(), timeout=self.timeout_s, wait_for_ready=True
+            )
+        except grpc.aio.AioRpcError as error:
+            raise self._query_failed("GetStatus", error) from error
+        return int(status.applied_position)
+
+    def _refuse_if_away(self, call: str) -> None:
+        if self.link.state is LinkState.AWAY:
+            self.counters.add("shard_unavailable")
+            raise unavailable(f"shard {self.address} {call}: the shard is unavailable")
+
+    async def close(self) -> None:
+        await self.link.close()
+        if self._channel is not None:
+            await self._channel.close()
+        await self.source.close()
+
+    def _query_failed(self, call: str, error: grpc.aio.AioRpcError) -> GatewayError:
+        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            self.counters.add("shard_timeouts")
+            return timed_out(f"shard {self.address} {call}: no answer in {self.timeout_s:g} s")
+        self.counters.add("shard_unavailable")
+        return unavailable(f"shard {self.address} {call}: {error.code().name}")
