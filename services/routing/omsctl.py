@@ -5,12 +5,23 @@
     omsctl init --clusters s1,s2     the first document (epoch 1, all active)
     omsctl join CLUSTER              add a cluster as receiving (moves nobody)
     omsctl drain CLUSTER             an active cluster starts draining (moves nobody)
+    omsctl residents [CLUSTER ...]   each cluster's resident users (count and first ids)
 
-etcd and the mesh come from OMS_ETCD_ENDPOINTS and OMS_MESH_ID (or --etcd, --mesh).
-Every change is a compare-and-swap of the next epoch: when another writer got there
-first, the change is decided again on what it wrote (a few times, then it gives up).
-Changes that move users (activating a cluster, removing one, pins, tier changes) must
-run as fenced waves, which are not built yet (issue 12): `omsctl` does not offer them.
+Changes that move users run as fenced waves (`wave_controller.py`), printing their
+progress; each first settles whatever a previous, interrupted run left in transit:
+
+    omsctl activate CLUSTER          scale out: the cluster (joined if need be) owns by hash
+    omsctl remove CLUSTER            scale in: its users go to the others, then it leaves
+    omsctl pin USER_ID CLUSTER       a whale, pinned (moved if its owner changes)
+    omsctl unpin USER_ID             back to where the hash (or a wave) puts it
+    omsctl tier USER_ID whale --cluster CLUSTER | normal    the same, as a tier change
+    omsctl resume                    settle transits and finish a cut-over under way
+
+etcd and the mesh come from OMS_ETCD_ENDPOINTS and OMS_MESH_ID (or --etcd, --mesh);
+the shards from OMS_SHARDS (`s1=host:port,...`, or --shards), else their leaders' keys
+in etcd. Every change is a compare-and-swap of the next epoch: when another writer got
+there first, the change is decided again on what it wrote (a few times, then it gives
+up). What cannot be done is refused with why, and exit status 1.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.coordination.errors import CoordinationUnavailable
@@ -31,15 +42,29 @@ from services.routing.core.routing_changes import (
 )
 from services.routing.core.routing_document import RoutingDocument, RoutingDocumentError
 from services.routing.routing_store import RoutingConflictError, RoutingStore, StoredRouting
+from services.routing.shard_probe import ShardProbe, ShardUnreachableError
+from services.routing.wave_controller import (
+    WaveBlockedError,
+    WaveController,
+    WaveProgress,
+    WaveSettings,
+    WaveStalledError,
+)
 from services.settings import load_settings, setting
-
-SWAP_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
 class OmsctlSettings:
     etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
     mesh_id: str = setting(env="OMS_MESH_ID", default=DEFAULT_MESH_ID)
+    shards: str = setting(
+        env="OMS_SHARDS",
+        default="",
+        help="id=host:port,... of each cluster's shard; unlisted: its leader's key in etcd",
+    )
+
+
+RESIDENTS_SHOWN = 10
 
 
 class OmsctlError(RuntimeError):
@@ -62,19 +87,6 @@ def describe(stored: StoredRouting | None) -> str:
         for user, t in document.transit.items()
     ]
     return "\n".join(lines)
-
-
-async def change(
-    store: RoutingStore, decide: Callable[[StoredRouting | None], RoutingDocument]
-) -> StoredRouting:
-    """Read, decide the next document from what was read, swap; again on a conflict."""
-    for _ in range(SWAP_ATTEMPTS):
-        current = await store.read()
-        try:
-            return await store.swap(current, decide(current))
-        except RoutingConflictError:
-            continue
-    raise OmsctlError(f"the routing document kept changing: gave up after {SWAP_ATTEMPTS} tries")
 
 
 def _current(stored: StoredRouting | None) -> RoutingDocument:
@@ -102,24 +114,107 @@ async def run(arguments: argparse.Namespace, settings: OmsctlSettings) -> str:
                     raise OmsctlError(f"a routing document exists (epoch {stored.epoch})")
                 return first_document(clusters)
 
-            return describe(await change(store, first))
+            return describe(await store.change(first))
         if arguments.action == "join":
-            stored = await change(
-                store, lambda s: with_cluster_joining(_current(s), arguments.cluster)
+            stored = await store.change(
+                lambda s: with_cluster_joining(_current(s), arguments.cluster)
             )
             return describe(stored)
         if arguments.action == "drain":
-            stored = await change(
-                store, lambda s: with_cluster_draining(_current(s), arguments.cluster)
+            stored = await store.change(
+                lambda s: with_cluster_draining(_current(s), arguments.cluster)
             )
             return describe(stored)
+        probe = ShardProbe(
+            shard_addresses(settings.shards),
+            etcd_endpoints=settings.etcd_endpoints,
+            mesh_id=settings.mesh_id,
+        )
+        try:
+            if arguments.action == "residents":
+                return await residents(store, probe, arguments.clusters)
+            return await run_wave(arguments, store, probe)
+        finally:
+            await probe.close()
     raise OmsctlError(f"unknown action {arguments.action}")
+
+
+async def residents(store: RoutingStore, probe: ShardProbe, clusters: Sequence[str]) -> str:
+    document = _current(await store.read())
+    lines = [f"epoch {document.epoch}"]
+    for cluster_id in clusters or [cluster.cluster_id for cluster in document.clusters]:
+        users = await probe.residents(cluster_id)
+        epoch, leaving = await probe.routing_state(cluster_id)
+        shown = ", ".join(map(str, users[:RESIDENTS_SHOWN]))
+        more = (
+            f", ... ({len(users) - RESIDENTS_SHOWN} more)" if len(users) > RESIDENTS_SHOWN else ""
+        )
+        lines.append(
+            f"  {cluster_id:<12} {len(users)} resident, {leaving} leaving, at epoch {epoch}: "
+            f"{shown}{more}"
+        )
+    return "\n".join(lines)
+
+
+async def run_wave(arguments: argparse.Namespace, store: RoutingStore, probe: ShardProbe) -> str:
+    def report(progress: WaveProgress) -> None:
+        print(progress.line(), flush=True)
+
+    waves = WaveSettings(wave_size=arguments.wave_size, quiesce_s=arguments.quiesce_s)
+    controller = WaveController(store, probe, waves, report)
+    action = arguments.action
+    if action == "activate":
+        progress = await controller.activate(arguments.cluster)
+    elif action == "remove":
+        progress = await controller.remove(arguments.cluster)
+    elif action == "pin":
+        progress = await controller.move(arguments.user_id, arguments.cluster, pin=True)
+    elif action == "unpin":
+        progress = await controller.move(arguments.user_id, None, pin=False)
+    elif action == "tier":
+        whale = arguments.tier == "whale"
+        if whale and not arguments.cluster:
+            raise OmsctlError("a whale is pinned to a cluster: --cluster CLUSTER")
+        cluster = arguments.cluster if whale else None
+        progress = await controller.move(arguments.user_id, cluster, pin=whale)
+    elif action == "resume":
+        progress = await controller.resume()
+    else:
+        raise OmsctlError(f"unknown action {action}")
+    summary = (
+        f"{progress.operation}: done in {progress.seconds:.2f} s at epoch {progress.epoch}, "
+        f"{progress.moved} resident user(s) moved in {progress.waves} wave(s)"
+    )
+    if progress.returned:
+        summary += f"; returned (not flat in time): {_ids(progress.returned)}"
+    if progress.held:
+        summary += f"; held on their old cluster: {_ids(progress.held)}"
+    return summary + "\n" + describe(await store.read())
+
+
+def _ids(users: Sequence[int]) -> str:
+    return ", ".join(map(str, users[:RESIDENTS_SHOWN])) + (
+        " ..." if len(users) > RESIDENTS_SHOWN else ""
+    )
+
+
+def shard_addresses(text: str) -> dict[str, str]:
+    addresses: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        cluster_id, separator, address = part.partition("=")
+        if not separator or not cluster_id or not address:
+            raise OmsctlError(f"shards: expected id=host:port, got {part!r}")
+        addresses[cluster_id] = address
+    return addresses
 
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="omsctl", description=__doc__.split("\n\n")[0])
     top.add_argument("--etcd", default=None, help="host:port,... (env OMS_ETCD_ENDPOINTS)")
     top.add_argument("--mesh", default=None, help="the mesh id (env OMS_MESH_ID)")
+    top.add_argument("--shards", default=None, help="s1=host:port,... (env OMS_SHARDS)")
     actions = top.add_subparsers(dest="action", required=True)
     actions.add_parser("show", help="the routing document")
     owner = actions.add_parser("owner", help="the cluster that owns a user now")
@@ -130,6 +225,32 @@ def parser() -> argparse.ArgumentParser:
     join.add_argument("cluster")
     drain = actions.add_parser("drain", help="an active cluster starts draining")
     drain.add_argument("cluster")
+    shown = actions.add_parser("residents", help="each cluster's resident users")
+    shown.add_argument("clusters", nargs="*")
+    waves = [
+        actions.add_parser("activate", help="scale out: the cluster owns users by hash"),
+        actions.add_parser("remove", help="scale in: move the cluster's users off, remove it"),
+        actions.add_parser("pin", help="pin a whale to a cluster"),
+        actions.add_parser("unpin", help="unpin a whale"),
+        actions.add_parser("tier", help="change a user's tier (whale: pinned)"),
+        actions.add_parser("resume", help="settle transits, finish a cut-over under way"),
+    ]
+    waves[0].add_argument("cluster")
+    waves[1].add_argument("cluster")
+    waves[2].add_argument("user_id", type=int)
+    waves[2].add_argument("cluster")
+    waves[3].add_argument("user_id", type=int)
+    waves[4].add_argument("user_id", type=int)
+    waves[4].add_argument("tier", choices=("whale", "normal"))
+    waves[4].add_argument("--cluster", default=None)
+    for wave in waves:
+        wave.add_argument("--wave-size", type=int, default=64, help="users in transit at once")
+        wave.add_argument(
+            "--quiesce-s",
+            type=float,
+            default=10.0,
+            help="how long a user may take to go flat; past it, it stays where it was",
+        )
     return top
 
 
@@ -140,11 +261,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides={
             "etcd_endpoints": tuple(arguments.etcd.split(",")) if arguments.etcd else None,
             "mesh_id": arguments.mesh,
+            "shards": getattr(arguments, "shards", None),
         },
     )
     try:
         print(asyncio.run(run(arguments, settings)))
-    except (OmsctlError, RoutingDocumentError, CoordinationUnavailable) as error:
+    except (
+        OmsctlError,
+        RoutingDocumentError,
+        RoutingConflictError,
+        CoordinationUnavailable,
+        ShardUnreachableError,
+        WaveBlockedError,
+        WaveStalledError,
+    ) as error:
         print(f"omsctl: {error}", file=sys.stderr)
         return 1
     return 0

@@ -10,13 +10,15 @@ decode is a `RoutingDocumentError`, never silently skipped.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from services.coordination.errors import RevisionCompacted
 from services.coordination.etcd_session import EtcdSession, prefix_end
 from services.coordination.group_keys import mesh_prefix
 from services.routing.core.routing_document import RoutingDocument, RoutingDocumentError
+
+SWAP_ATTEMPTS = 5
 
 
 class RoutingConflictError(RuntimeError):
@@ -71,6 +73,24 @@ class RoutingStore:
                 f"{'none' if expected is None else expected.epoch} was read"
             )
         return StoredRouting(document, written)
+
+    async def change(
+        self,
+        decide: Callable[[StoredRouting | None], RoutingDocument],
+        *,
+        attempts: int = SWAP_ATTEMPTS,
+    ) -> StoredRouting:
+        """Read, decide the next document from what was read, swap; again on a conflict
+        (decided afresh on what the other writer wrote), up to `attempts` times."""
+        for _ in range(attempts):
+            current = await self.read()
+            try:
+                return await self.swap(current, decide(current))
+            except RoutingConflictError:
+                continue
+        raise RoutingConflictError(
+            f"the routing document kept changing: gave up after {attempts} tries"
+        )
 
     async def watch(self, after: StoredRouting | None) -> AsyncIterator[StoredRouting]:
         """Each document written after `after` (from the start if None), in order. When

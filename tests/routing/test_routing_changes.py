@@ -19,9 +19,14 @@ from services.routing.core.routing_changes import (
     with_cluster_joining,
     with_cut_over,
     with_cut_over_done,
+    with_cut_over_undone,
+    with_held,
     with_in_transit,
     with_landed,
+    with_pin_in_place,
     with_returned,
+    with_transit_ended,
+    without_receiving_cluster,
 )
 from services.routing.core.routing_document import (
     ClusterState,
@@ -126,7 +131,7 @@ def test_random_changes_never_hand_a_user_from_one_owner_to_another(data: st.Dat
             for c in document.clusters
             if c.state not in (ClusterState.DRAINING, ClusterState.DEPARTING)
         ]
-        choice = data.draw(st.integers(0, 7))
+        choice = data.draw(st.integers(0, 12))
         try:
             if choice == 0:
                 following = with_cluster_joining(document, data.draw(st.sampled_from("abcdef")))
@@ -147,10 +152,54 @@ def test_random_changes_never_hand_a_user_from_one_owner_to_another(data: st.Dat
                 following = end(document, users)
             elif choice == 5:
                 following = with_cut_over(document, data.draw(st.sampled_from(names)))
-            else:
+            elif choice == 6:
                 following = with_cut_over_done(document, data.draw(st.sampled_from(names)))
+            elif choice == 7:
+                following = with_cut_over_undone(document, data.draw(st.sampled_from(names)))
+            elif choice == 8:
+                users = data.draw(st.lists(st.sampled_from(USERS), max_size=5, unique=True))
+                following = with_held(document, users)
+            elif choice == 9 and document.transit:
+                users = sorted(document.transit)
+                split = data.draw(st.integers(0, len(users)))
+                following = with_transit_ended(
+                    document, landed=users[:split], returned=users[split:]
+                )
+            elif choice == 10:
+                user = data.draw(st.sampled_from(USERS))
+                cluster = data.draw(st.sampled_from([*names, None]))
+                following = with_pin_in_place(document, user, cluster)
+            elif choice == 11:
+                following = without_receiving_cluster(document, data.draw(st.sampled_from(names)))
+            else:
+                continue
         except RoutingDocumentError:
             continue
         _assert_no_direct_handover(document, following)
         assert RoutingDocument.decode(following.encode()) == following
         document = following
+
+
+def test_rapid_changes_of_one_user_coalesce_into_the_last() -> None:
+    start = first_document(["a", "b", "c"])
+    user = next(u for u in USERS if start.owner_of(u) == "a")
+    going = with_in_transit(start, {user: "b"}, pin=True)
+    retargeted = with_in_transit(going, {user: "c"}, pin=True)  # before it landed
+    assert retargeted.transit[user].source == "a" and retargeted.transit[user].destination == "c"
+    assert with_landed(retargeted, [user]).pins == {user: "c"}
+    with pytest.raises(RoutingDocumentError, match="return it instead"):
+        with_in_transit(going, {user: "a"})
+
+
+def test_a_user_that_will_not_go_flat_is_held_and_a_cut_over_can_be_undone() -> None:
+    joining = with_cut_over(with_cluster_joining(first_document(["a", "b"]), "c"), "c")
+    stuck = next(u for u in USERS if joining.owner_of(u) is None)
+    before = rendezvous_owner(stuck, ["a", "b"])
+    held = with_held(joining, [stuck])
+    assert held.owner_of(stuck) == before
+    _assert_no_direct_handover(joining, held)
+    done = with_cut_over_done(held, "c")
+    assert done.owner_of(stuck) == before and done.moves == {stuck: before}
+    undone = with_cut_over_undone(joining, "c")
+    assert undone.cluster("c") is not None and undone.cluster("c").state == ClusterState.RECEIVING  # type: ignore[union-attr]
+    assert undone.owner_of(stuck) == before

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from services.routing.core.hrw import rendezvous_owner
 from services.routing.core.routing_document import (
     LEAVING,
     Cluster,
@@ -84,13 +85,22 @@ def with_in_transit(
     document: RoutingDocument, destinations: Mapping[int, str], *, pin: bool = False
 ) -> RoutingDocument:
     """Each user of `destinations` in transit from its owner now to its destination
-    (landing as a pin when `pin`). A user already in transit, or whose owner is already
-    the destination, is refused: the caller decides again on what it reads."""
+    (landing as a pin when `pin`). A user already in transit keeps its source and gets
+    the new destination: rapid changes of one user coalesce into the last. A user whose
+    owner is already the destination, or in transit by a cut-over, is refused."""
     pins, moves, transit = dict(document.pins), dict(document.moves), dict(document.transit)
     for user_id, destination in sorted(destinations.items()):
+        moving = transit.get(user_id)
+        if moving is not None:
+            if moving.source == destination:
+                raise RoutingDocumentError(
+                    f"user {user_id} would go back to {destination}: return it instead"
+                )
+            transit[user_id] = Transit(moving.source, destination, moving.pinned, pin)
+            continue
         source = document.owner_of(user_id)
         if source is None:
-            raise RoutingDocumentError(f"user {user_id} is already in transit")
+            raise RoutingDocumentError(f"user {user_id} is in transit by the cut-over")
         if source == destination:
             raise RoutingDocumentError(f"user {user_id} is on {destination} already")
         pinned = pins.pop(user_id, None) is not None
@@ -102,18 +112,24 @@ def with_in_transit(
 def with_landed(document: RoutingDocument, users: Iterable[int]) -> RoutingDocument:
     """Each user of `users` (in transit) owned by its destination: a pin if it lands as
     one, else a move, or nothing when the hash already gives it there."""
-    return _ended(document, users, forward=True)
+    return with_transit_ended(document, landed=users, returned=())
 
 
 def with_returned(document: RoutingDocument, users: Iterable[int]) -> RoutingDocument:
     """Each user of `users` (in transit) owned by its source again, as it was (pinned
     there if it was): for a user that did not go flat in time."""
-    return _ended(document, users, forward=False)
+    return with_transit_ended(document, landed=(), returned=users)
 
 
-def _ended(document: RoutingDocument, users: Iterable[int], *, forward: bool) -> RoutingDocument:
+def with_transit_ended(
+    document: RoutingDocument, *, landed: Iterable[int], returned: Iterable[int]
+) -> RoutingDocument:
+    """`landed` users owned by their destinations and `returned` ones by their sources,
+    in one epoch."""
     pins, moves, transit = dict(document.pins), dict(document.moves), dict(document.transit)
-    for user_id in sorted(set(users)):
+    ends = [(user, True) for user in sorted(set(landed))]
+    ends += [(user, False) for user in sorted(set(returned))]
+    for user_id, forward in ends:
         entry = transit.pop(user_id, None)
         if entry is None:
             raise RoutingDocumentError(f"user {user_id} is not in transit")
@@ -129,6 +145,55 @@ def _ended(document: RoutingDocument, users: Iterable[int], *, forward: bool) ->
                 )
             moves[user_id] = owner
     return RoutingDocument.build(document.epoch + 1, document.clusters, pins, moves, transit)
+
+
+def with_pin_in_place(
+    document: RoutingDocument, user_id: int, cluster_id: str | None
+) -> RoutingDocument:
+    """Pin `user_id` to the cluster that owns it now (`cluster_id`), or unpin it (None)
+    where its owner without the pin is the same: a tier change that moves nobody."""
+    owner = document.owner_of(user_id)
+    pins, moves = dict(document.pins), dict(document.moves)
+    if cluster_id is not None:
+        if owner != cluster_id:
+            raise RoutingDocumentError(
+                f"user {user_id} is owned by {owner or 'nobody (in transit)'}, not "
+                f"{cluster_id}: pinning it there moves it"
+            )
+        moves.pop(user_id, None)
+        pins[user_id] = cluster_id
+    else:
+        if user_id not in pins:
+            raise RoutingDocumentError(f"user {user_id} is not pinned")
+        del pins[user_id]
+        if _owner_by_hash(document, user_id) != owner:
+            raise RoutingDocumentError(
+                f"user {user_id}: unpinned it would leave {owner}: that is a move"
+            )
+    return RoutingDocument.build(
+        document.epoch + 1, document.clusters, pins, moves, document.transit
+    )
+
+
+def without_receiving_cluster(document: RoutingDocument, cluster_id: str) -> RoutingDocument:
+    """Remove a receiving cluster that holds nobody (a join taken back): moves nobody."""
+    if _state(document, cluster_id) != ClusterState.RECEIVING:
+        raise RoutingDocumentError(f"cluster {cluster_id} is not receiving")
+    held = sorted(
+        user
+        for user, owner in (*document.pins.items(), *document.moves.items())
+        if owner == cluster_id
+    ) + sorted(
+        user for user, t in document.transit.items() if cluster_id in (t.source, t.destination)
+    )
+    if held:
+        raise RoutingDocumentError(
+            f"cluster {cluster_id} still holds user(s) {', '.join(map(str, held))}"
+        )
+    clusters = [c for c in document.clusters if c.cluster_id != cluster_id]
+    return RoutingDocument.build(
+        document.epoch + 1, clusters, document.pins, document.moves, document.transit
+    )
 
 
 # --- membership: the cut-over epoch ---------------------------------------------------
@@ -182,6 +247,40 @@ def with_cut_over_done(document: RoutingDocument, cluster_id: str) -> RoutingDoc
         if _owner_by_hash(after, user) != owner
     }
     return RoutingDocument.build(after.epoch, clusters, document.pins, moves, document.transit)
+
+
+def with_cut_over_undone(document: RoutingDocument, cluster_id: str) -> RoutingDocument:
+    """Back out of a cut-over: arriving -> receiving, departing -> draining. Every user
+    in transit by the cut-over goes back to its owner before it, which still holds it
+    or, having let go, hydrates it again from PostgreSQL."""
+    state = _state(document, cluster_id)
+    before = {ClusterState.ARRIVING: ClusterState.RECEIVING}
+    before[ClusterState.DEPARTING] = ClusterState.DRAINING
+    if state not in before:
+        raise RoutingDocumentError(
+            f"cluster {cluster_id} is {state.value}: no cut-over of it is under way"
+        )
+    return _with_state(document, cluster_id, before[state])
+
+
+def with_held(document: RoutingDocument, users: Iterable[int]) -> RoutingDocument:
+    """Each user of `users`, in transit by the cut-over, kept on its owner before it
+    (a move there): a user that would not go flat does not hold up a scale-out. A
+    later wave may move it once it is flat."""
+    moves = dict(document.moves)
+    for user_id in sorted(set(users)):
+        if document.owner_of(user_id) is not None or user_id in document.transit:
+            raise RoutingDocumentError(f"user {user_id} is not in transit by the cut-over")
+        source = rendezvous_owner(user_id, document.hash_owners)
+        state = _state(document, source)
+        if state in LEAVING:
+            raise RoutingDocumentError(
+                f"user {user_id} cannot stay on {source}: it is {state.value}"
+            )
+        moves[user_id] = source
+    return RoutingDocument.build(
+        document.epoch + 1, document.clusters, document.pins, moves, document.transit
+    )
 
 
 def _owner_by_hash(document: RoutingDocument, user_id: int) -> str | None:
