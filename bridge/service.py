@@ -8,9 +8,14 @@ is where each group's event subscription resumes (last applied + 1). Events
 come back as `MatcherEvents` commands on a ShardLink; the shard drops repeated
 sequences, so delivering too much is safe, and the bridge never skips.
 
-Breaks: when the shard's stream breaks the whole session ends (events in flight
-on the old link may be lost) and, after a backoff, starts again from a new
-`GetInFlight`. A matcher break only restarts that group's lane (see
+Breaks: when either of the shard's streams breaks (its egress, or the Execute
+stream of the session's ShardLink) the whole session ends and, after a backoff,
+starts again from a new `GetInFlight`. The link's break matters as much as the
+egress stream's: a MatcherEvents command sent on a stream that broke may never have
+reached the log, and the shard takes the next sequence across a gap (it must, for a
+matcher that no longer retains some events), so a session that went on delivering
+after a break would lose those events for good; a new session resumes each group
+from the shard's applied sequence + 1 instead. A matcher break only restarts that group's lane (see
 `matcher_streams`), so one matcher's outage does not stop the others.
 
 Leadership: DESIGN.md runs the bridge leader-only under an etcd lease. In this
@@ -36,7 +41,7 @@ from bridge.event_delivery import EventDelivery
 from bridge.mark_feed import MarkFeed
 from bridge.matcher_streams import CONNECT_TIMEOUT_S, IN_FLIGHT_TIMEOUT_S, MatcherLane
 from bridge.settings import BridgeSettings
-from bridge.shard_feed import follow_egress
+from bridge.shard_feed import ShardStreamEndedError, follow_egress
 from bridge.statistics import BridgeStatistics
 from protos.oms.v1 import shard_pb2, shard_pb2_grpc
 from services.clients.channels import group_channel
@@ -142,6 +147,7 @@ class BridgeService:
                             shard, snapshot.as_of_position + 1, self.lanes, self.statistics
                         )
                     )
+                    tasks.create_task(_end_at_first_break(link))
         finally:
             await link.close()
 
@@ -164,3 +170,9 @@ class BridgeService:
             status=self.status,
             loops=[self.run, self.marks.run],
         )
+
+
+async def _end_at_first_break(link: ShardLink) -> None:
+    """End the session when the events link's stream breaks (see the module's docstring)."""
+    await link.wait_breaks(0)
+    raise ShardStreamEndedError("the shard's Execute stream broke: events sent on it may be lost")

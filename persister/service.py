@@ -65,6 +65,7 @@ class PersisterService:
                 *egress_follower.COUNTERS,
                 *grpc_api.COUNTERS,
                 "flush_answers_resent",
+                "answer_link_breaks",
             )
         )
         self.unknown = UnknownUsers(settings.unknown_user_ttl_ms, settings.max_unknown_users)
@@ -123,6 +124,7 @@ class PersisterService:
             status=self.status,
             loops=[
                 self.follower.run,
+                self.answer_again_after_breaks,
                 self.write_behind.run,
                 self.hydrations.run,
                 self.dedup.run,
@@ -171,6 +173,17 @@ class PersisterService:
                 [answers.flush_complete(user, epoch, version) for user, epoch, version in flushed]
             )
             self.counters.add("flush_answers_resent", len(flushed))
+
+    async def answer_again_after_breaks(self) -> None:
+        """The answers link's stream can break while the egress stream lives on (the
+        link finds a saturated shard wedged): what was sent on it may be lost, so recent
+        flush answers go again on a fresh link, as after a reconnect."""
+        while True:
+            link = self.shard.link
+            await link.wait_breaks(0)
+            if link is self.shard.link:  # not renewed meanwhile by the follower's reconnect
+                self.counters.add("answer_link_breaks")
+                await self.resend_recent_flush_answers()
 
     async def log_statistics(self) -> None:
         previous: dict[str, int] = {}

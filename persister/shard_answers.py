@@ -2,8 +2,10 @@
 
 Answers sent on a stream that broke may not have reached the shard's log, and
 `ShardLink.send` cannot say which did. So each time the persister finds the
-shard again it starts a fresh link and re-sends what matters (recent flush
-answers; the shard drops the ones it already applied as stale). Hydrations and
+shard again, and each time the link's own stream breaks while the egress stream
+lives on (a shard too busy to read it is found wedged), it starts a fresh link and
+re-sends what matters (recent flush answers; the shard drops the ones it already
+applied as stale). Hydrations and
 dedup lookups need nothing: the shard asks again after its redrive interval.
 """
 
@@ -31,6 +33,11 @@ class ShardAnswers:
                 raise
             # Renewed while this send waited for room: the answers go on the new link.
             await self._link.send(commands)
+
+    @property
+    def link(self) -> ShardLink:
+        """The link answers go on now (a renewal replaces it)."""
+        return self._link
 
     async def renew(self) -> None:
         previous = self._link

@@ -133,6 +133,7 @@ class ShardLink:
         self._room.set()
         self._ready = asyncio.Event()
         self._broken = asyncio.Event()
+        self._break_seen = asyncio.Event()  # set, and replaced, at every break
         self._attempt_wanted = asyncio.Event()
         self._attempt_done = asyncio.Event()
         self._waiting: dict[int, asyncio.Future[shard_pb2.ShardResult]] = {}
@@ -219,6 +220,12 @@ class ShardLink:
         durable state (the bridge from GetInFlight's matcher sequences).
         """
         await self._broken.wait()
+
+    async def wait_breaks(self, beyond: int) -> None:
+        """Return once more than `beyond` streams have broken (`breaks`): unlike
+        `wait_broken`, no break between reading the count and waiting is missed."""
+        while self.breaks <= beyond:
+            await self._break_seen.wait()
 
     def statistics(self) -> ShardLinkStatistics:
         return ShardLinkStatistics(
@@ -382,7 +389,10 @@ class ShardLink:
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await reader
-            self.breaks += self._was_ready
+            if self._was_ready:
+                self.breaks += 1
+                seen, self._break_seen = self._break_seen, asyncio.Event()
+                seen.set()
 
     def _became_ready(self) -> None:
         self._was_ready = True
