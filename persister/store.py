@@ -100,6 +100,14 @@ class FenceCheck(Protocol):
     async def check(self, session: Session) -> None: ...
 
 
+async def _keep_session_as_it_is(connection: asyncpg.Connection) -> None:
+    """The pool's default reset (`RESET ALL`, `UNLISTEN *`, unlock every advisory lock)
+    is a round trip on every release, as long as a short read itself. The persister
+    keeps no session state: no SET, LISTEN or cursor, and its one session advisory
+    lock (`shard_lock.py`) is held by a session it never gives back until it unlocks.
+    asyncpg still ends a transaction left open before this runs."""
+
+
 class Store:
     def __init__(self, pool: Any) -> None:
         self._pool = pool
@@ -111,7 +119,11 @@ class Store:
     async def open(cls, url: str, *, pool_size: int) -> Store:
         with _translated():
             pool = await asyncpg.create_pool(
-                url, min_size=1, max_size=pool_size, command_timeout=COMMAND_TIMEOUT_S
+                url,
+                min_size=1,
+                max_size=pool_size,
+                command_timeout=COMMAND_TIMEOUT_S,
+                reset=_keep_session_as_it_is,
             )
         return cls(pool)
 
