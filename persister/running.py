@@ -129,7 +129,8 @@ async def _leased(settings: PersisterSettings) -> AsyncIterator[Leadership]:
         raise SettingsError("OMS_PERSISTER_LEADER_LEASE needs OMS_ETCD_ENDPOINTS")
     async with EtcdSession(settings.etcd_endpoints) as session:
         keys = GroupKeys.of(settings.mesh_id, "persister", settings.shard_id)
-        leadership = Leadership(session, keys.leader, settings.listen, ttl_s=LEASE_TTL_S)
+        holder = settings.advertise or settings.listen
+        leadership = Leadership(session, keys.leader, holder, ttl_s=LEASE_TTL_S)
         try:
             yield leadership
         finally:

@@ -27,6 +27,12 @@ class PersisterSettings:
         help="take the shard's etcd lease before writing; its term is the fencing token",
     )
     listen: str = setting(env="OMS_PERSISTER_LISTEN", default="127.0.0.1:7301")
+    advertise: str = setting(
+        env="OMS_PERSISTER_ADVERTISE",
+        default="",
+        help="with the lease: the address its leader key names, where gateways find it "
+        "(default: the listen address)",
+    )
     database_url: str = setting(
         env="OMS_DATABASE_URL", default="", help="postgresql:// URL of the system of record"
     )
