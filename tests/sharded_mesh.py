@@ -18,8 +18,10 @@ from gateway.client import AdminClient
 from services.coordination.etcd_session import EtcdSession
 from services.routing.core.routing_document import RoutingDocument
 from services.routing.routing_store import RoutingStore, StoredRouting
+from services.routing.shard_probe import ShardProbe
 from tests.bridge.bridge_process import BridgeProcess
 from tests.databases import drop_database, fresh_database
+from tests.e2e.invariants import MeshAddresses, ShardAddresses
 from tests.full_mesh import GROUPS
 from tests.gateway.gateway_process import ADMIN_KEY, ADMIN_SECRET, GatewayProcess
 from tests.matcher_service.matcher_process import MatcherProcess
@@ -148,6 +150,24 @@ class ShardedMesh:
     def admin(self, address: str | None = None) -> AdminClient:
         return AdminClient(
             address or self.gateway.address, api_key=ADMIN_KEY, api_secret=ADMIN_SECRET
+        )
+
+    def addresses(self) -> MeshAddresses:
+        """Every cluster's shard and persister and every matcher group, for the invariants."""
+        return MeshAddresses(
+            tuple(
+                ShardAddresses(cluster_id, c.shard.address, c.persister.address)
+                for cluster_id, c in self.clusters.items()
+            ),
+            {group: process.address for group, process in self.matchers.items()},
+        )
+
+    def probe(self) -> ShardProbe:
+        """What a wave controller asks of the shards, at these shards' addresses."""
+        return ShardProbe(
+            {cluster_id: c.shard.address for cluster_id, c in self.clusters.items()},
+            etcd_endpoints=self.etcd_endpoints,
+            mesh_id=self.mesh_id,
         )
 
     async def write_routing(self, document: RoutingDocument) -> StoredRouting:

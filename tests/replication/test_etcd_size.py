@@ -22,7 +22,7 @@ from tests.replication.test_log_truncation import FREQUENT, _log_keys
 from tests.replication.test_shard_failover import _check, _finish, _started_load
 
 pytestmark = pytest.mark.slow
-SAMPLES = 24
+SAMPLES = 15
 DEPOSITS_PER_SAMPLE = 1_500
 
 

@@ -13,12 +13,7 @@ from contextlib import AsyncExitStack
 from gateway.client import OrderUpdateStream
 from protos.oms.v1 import common_pb2, shard_pb2_grpc
 from services.routing.core.routing_changes import first_document
-from tests.e2e.invariants import (
-    MeshAddresses,
-    ShardAddresses,
-    check_mesh_invariants,
-    resident_users,
-)
+from tests.e2e.invariants import check_mesh_invariants, resident_users
 from tests.full_mesh import gateway_counters
 from tests.gateway.accounts import BTC, PRICE, Account, open_account
 from tests.shard_service.shard_process import aio_channel
@@ -27,16 +22,6 @@ from tests.sharded_mesh import ShardedMesh
 S = common_pb2
 PAIRS = 8
 LOTS = 2
-
-
-def addresses(mesh: ShardedMesh) -> MeshAddresses:
-    return MeshAddresses(
-        tuple(
-            ShardAddresses(cluster_id, c.shard.address, c.persister.address)
-            for cluster_id, c in mesh.clusters.items()
-        ),
-        {group: process.address for group, process in mesh.matchers.items()},
-    )
 
 
 async def until_status(updates: OrderUpdateStream, order_id: str, status: int) -> None:
@@ -89,7 +74,7 @@ async def test_two_clusters_serve_their_own_users_and_trade_across(
             balances = await buy.balances()
             assert balances["BTC"].total == 10_000_000 + LOTS * 10_000
 
-    await check_mesh_invariants(addresses(mesh), mesh.database_url, acknowledged)
+    await check_mesh_invariants(mesh.addresses(), mesh.database_url, acknowledged)
     for cluster_id in ("s1", "s2"):
         held = await residents(mesh, cluster_id)
         assert held and all(document.owner_of(user) == cluster_id for user in held)
