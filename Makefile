@@ -31,7 +31,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy services gateway bridge persister tests
+	$(BIN)/mypy services gateway bridge persister k8s tests
 
 pytest: install
 	$(BIN)/pytest -q

@@ -25,6 +25,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("client", "gateway.client_command"),
     ("bridge", "bridge.command"),
     ("reconciler", "services.reconciler.command"),
+    ("operator", "k8s.operator.command"),
 )
 
 

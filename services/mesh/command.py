@@ -50,6 +50,13 @@ def register(subparsers: Any) -> None:
         " (more than 1: the gateway routes by the routing document in etcd)",
     )
     parser.add_argument(
+        "--active",
+        type=int,
+        default=None,
+        help="with --shards: how many clusters the first routing document makes active "
+        "(s1..sK); the others run, joined as receiving, for a scale-out (omsctl activate)",
+    )
+    parser.add_argument(
         "--replicas",
         type=int,
         default=1,
@@ -176,7 +183,10 @@ def run_up(arguments: argparse.Namespace) -> int:
             shards=arguments.shards,
         )
         if record.sharded:
-            print(asyncio.run(first_routing(endpoints, record)), flush=True)
+            active = arguments.shards if arguments.active is None else arguments.active
+            if not 1 <= active <= arguments.shards:
+                raise MeshRecordError(f"--active {active}: from 1 to --shards {arguments.shards}")
+            print(asyncio.run(first_routing(endpoints, record, active)), flush=True)
     except (MeshRecordError, CoordinationUnavailable, RoutingDocumentError) as error:
         print(f"oms up: {error}", file=sys.stderr)
         if started_here:
@@ -197,15 +207,17 @@ def run_up(arguments: argparse.Namespace) -> int:
     return 0
 
 
-async def first_routing(endpoints: InfraEndpoints, record: MeshRecord) -> str:
-    """The mesh's routing document: written as epoch 1 (every cluster active) the first
-    time, kept as it is afterwards (waves may have changed it since)."""
+async def first_routing(endpoints: InfraEndpoints, record: MeshRecord, active: int) -> str:
+    """The mesh's routing document: written as epoch 1 (the first `active` clusters
+    active, the others receiving) the first time, kept as it is afterwards (waves may
+    have changed it since)."""
     async with EtcdSession(endpoints.etcd_endpoints) as session:
         store = RoutingStore(session, record.mesh_id)
         stored = await store.read()
         origin = "from etcd"
         if stored is None:
-            first = first_document([cluster.cluster_id for cluster in record.clusters()])
+            ids = [cluster.cluster_id for cluster in record.clusters()]
+            first = first_document(ids[:active], receiving=ids[active:])
             stored, origin = await store.swap(None, first), "written"
         clusters = ", ".join(f"{c.cluster_id} ({c.state.value})" for c in stored.document.clusters)
         return f"[mesh] routing: epoch {stored.epoch} {origin}, clusters {clusters}"

@@ -20,6 +20,7 @@ from services.routing.core.routing_changes import (
     with_cut_over,
     with_cut_over_done,
     with_cut_over_undone,
+    with_drain_cancelled,
     with_held,
     with_in_transit,
     with_landed,
@@ -131,7 +132,7 @@ def test_random_changes_never_hand_a_user_from_one_owner_to_another(data: st.Dat
             for c in document.clusters
             if c.state not in (ClusterState.DRAINING, ClusterState.DEPARTING)
         ]
-        choice = data.draw(st.integers(0, 12))
+        choice = data.draw(st.integers(0, 13))
         try:
             if choice == 0:
                 following = with_cluster_joining(document, data.draw(st.sampled_from("abcdef")))
@@ -171,6 +172,8 @@ def test_random_changes_never_hand_a_user_from_one_owner_to_another(data: st.Dat
                 following = with_pin_in_place(document, user, cluster)
             elif choice == 11:
                 following = without_receiving_cluster(document, data.draw(st.sampled_from(names)))
+            elif choice == 12:
+                following = with_drain_cancelled(document, data.draw(st.sampled_from(names)))
             else:
                 continue
         except RoutingDocumentError:

@@ -2,7 +2,9 @@
 
 Real processes (three clusters' shards, persisters, bridges and reconcilers, two
 matcher groups, a gateway routing by the document in etcd, PostgreSQL), driven by the
-wave controller as `omsctl activate / remove / tier` drives it. While the load runs,
+operator's handler with OmsCluster resource bodies, as `kubectl scale` and `kubectl
+apply` would have kopf call it (the same wave code `omsctl` runs), the clusters'
+processes being there already (`OMS_OPERATOR_WORKLOADS=external`). While the load runs,
 a monitor samples every shard's residents: no user is ever resident in two. Then:
 the users that moved are exactly the ones the hash gives the new cluster (about a
 third), every acknowledged order is in PostgreSQL once and in its user's history once
@@ -13,21 +15,28 @@ three shards and PostgreSQL (tests/e2e/invariants.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import kopf
+import pytest
+
+from k8s.operator import handlers
+from k8s.operator.handlers import OperatorContext
+from k8s.operator.mesh_reconciler import MeshReconciler
+from k8s.operator.workloads import ExternalWorkloads
 from services.coordination.etcd_session import EtcdSession
 from services.routing.core.hrw import rendezvous_owner
 from services.routing.core.routing_changes import first_document
 from services.routing.core.routing_document import RoutingDocument
 from services.routing.routing_store import RoutingStore
-from services.routing.shard_probe import ShardProbe
-from services.routing.wave_controller import WaveController, WaveProgress, WaveSettings
-from tests.e2e.gateway_load import FUNDS, LOAD_TIER
-from tests.e2e.invariants import MeshAddresses, ShardAddresses, check_mesh_invariants
-from tests.gateway.accounts import Account, open_account
+from services.routing.wave_controller import WaveController
+from tests.e2e.invariants import check_mesh_invariants
 from tests.sharded_mesh import ShardedMesh
 from tests.sharding.residency_monitor import ResidencyMonitor
-from tests.sharding.scaling_load import ScalingLoad, run_during
+from tests.sharding.scaling_audit import audit_histories, current_document, open_traders
+from tests.sharding.scaling_load import run_during
 
 MAKERS = 3
 TAKERS = 45
@@ -35,71 +44,81 @@ ORDERS_PER_PHASE = 250
 CLUSTERS = ("s1", "s2", "s3")
 
 
-def addresses(mesh: ShardedMesh) -> MeshAddresses:
-    return MeshAddresses(
-        tuple(
-            ShardAddresses(cluster_id, c.shard.address, c.persister.address)
-            for cluster_id, c in mesh.clusters.items()
-        ),
-        {group: process.address for group, process in mesh.matchers.items()},
+def oms_cluster(shards: int, pins: dict[int, str], generation: int) -> kopf.Body:
+    """An OmsCluster resource as the API server hands it to the operator."""
+    raw: dict[str, Any] = {
+        "apiVersion": "oms.mesh.io/v1alpha1",
+        "kind": "OmsCluster",
+        "metadata": {"name": "main", "namespace": "oms", "generation": generation},
+        "spec": {
+            "shards": shards,
+            "pins": {str(user): cluster for user, cluster in pins.items()},
+            "waveSize": 8,
+            "quiesceSeconds": 10,
+        },
+    }
+    return kopf.Body(raw)  # type: ignore[arg-type]  # RawBody's metadata omits generation
+
+
+async def handle(memo: kopf.Memo, body: kopf.Body) -> dict[str, Any]:
+    """The operator's handler on `body`, as kopf calls it; the status it patched."""
+    patch = kopf.Patch()
+    await handlers.reconcile(
+        spec=body.spec,
+        name=body.metadata.name or "",
+        namespace=body.metadata.namespace,
+        meta=body.metadata,
+        patch=patch,
+        memo=memo,
+        logger=logging.getLogger("test.operator"),
     )
-
-
-def probe_of(mesh: ShardedMesh) -> ShardProbe:
-    return ShardProbe(
-        {cluster_id: c.shard.address for cluster_id, c in mesh.clusters.items()},
-        etcd_endpoints=mesh.etcd_endpoints,
-        mesh_id=mesh.mesh_id,
-    )
-
-
-async def audit_histories(mesh: ShardedMesh, load: ScalingLoad, accounts: list[Account]) -> None:
-    """Each user's history holds each accepted order once, numbered 1..n across clusters."""
-    accepted: dict[int, list[str]] = {}
-    for client_order_id, ack in load.acks.items():
-        if ack.accepted:
-            accepted.setdefault(load.users_of[client_order_id], []).append(ack.order_id)
-    for account in accounts:
-        async with account.client(mesh.gateway.address) as client:
-            history = await client.order_history(limit=1_000)
-        ids = sorted(order.order_id for order in history)
-        assert ids == sorted(accepted.get(account.user_id, [])), account.user_id
-        sequences = sorted(int(order_id.rsplit(":", 1)[1]) for order_id in ids)
-        assert sequences == list(range(1, len(ids) + 1)), (account.user_id, ids[:5])
+    status: dict[str, Any] = dict(patch.status)
+    return status
 
 
 async def test_scale_out_to_three_clusters_and_back_and_a_tier_change_under_load(
     new_sharded_mesh: Callable[..., Awaitable[ShardedMesh]],
 ) -> None:
     mesh = await new_sharded_mesh(first_document(["s1", "s2"]), cluster_ids=CLUSTERS)
-    async with mesh.admin() as admin:
-        makers = [await open_account(admin, FUNDS, tier=LOAD_TIER) for _ in range(MAKERS)]
-        takers = [await open_account(admin, FUNDS) for _ in range(TAKERS)]
-    probe = probe_of(mesh)
-    progress: list[WaveProgress] = []
+    probe = mesh.probe()
+    published: list[dict[str, Any]] = []
+
+    async def publish(status: dict[str, Any]) -> None:
+        published.append(status)
+
     async with EtcdSession(mesh.etcd_endpoints) as session:
         store = RoutingStore(session, mesh.mesh_id)
-        controller = WaveController(store, probe, WaveSettings(wave_size=8), progress.append)
-        start = await document(store)
-        for maker in makers:  # whales, pinned where they are: the hash never moves them
-            await controller.move(maker.user_id, start.owner_of(maker.user_id), pin=True)
-        load = ScalingLoad(mesh.gateway.address, makers, takers)
+        reconciler = MeshReconciler(store, probe, ExternalWorkloads(probe))
+        memo = kopf.Memo(context=OperatorContext(reconciler, lambda namespace, name: publish))
+        traders = await open_traders(
+            mesh, WaveController(store, probe), makers=MAKERS, takers=TAKERS
+        )
+        makers, takers = traders.makers, traders.takers
+        pins = {
+            maker.user_id: (await current_document(store)).owner_of(maker.user_id) or ""
+            for maker in makers
+        }
+        start = await current_document(store)
+        load = traders.load(mesh.gateway.address)
         monitor = ResidencyMonitor(probe, CLUSTERS)
-        outcomes: dict[str, WaveProgress] = {}
+        outcomes: dict[str, dict[str, Any]] = {}
         owners: dict[str, RoutingDocument] = {}
         whale = next(t.user_id for t in takers if start.owner_of(t.user_id) == "s1")
 
         async def steps() -> None:
+            outcomes["start"] = await handle(memo, oms_cluster(2, pins, 1))
             await load.wait_accepted(ORDERS_PER_PHASE)
-            outcomes["activate"] = await controller.activate("s3")
-            owners["three"] = await document(store)
+            # kubectl scale omscluster/main --replicas 3
+            outcomes["activate"] = await handle(memo, oms_cluster(3, pins, 2))
+            owners["three"] = await current_document(store)
             await load.wait_accepted(len(load.accepted) + ORDERS_PER_PHASE)
-            outcomes["tier"] = await controller.move(whale, "s2", pin=True)
-            owners["tiered"] = await document(store)
+            # A tier change: the user pinned as a whale to s2 (kubectl apply of the spec).
+            outcomes["tier"] = await handle(memo, oms_cluster(3, {**pins, whale: "s2"}, 3))
+            owners["tiered"] = await current_document(store)
             await load.wait_accepted(len(load.accepted) + ORDERS_PER_PHASE // 2)
-            outcomes["normal"] = await controller.move(whale, None, pin=False)
-            outcomes["remove"] = await controller.remove("s3")
-            owners["two"] = await document(store)
+            # Back to two clusters, the whale a normal user again: unpinned, then scale-in.
+            outcomes["remove"] = await handle(memo, oms_cluster(2, pins, 4))
+            owners["two"] = await current_document(store)
             await load.wait_accepted(len(load.accepted) + ORDERS_PER_PHASE)
 
         watching = asyncio.create_task(monitor.run())
@@ -108,13 +127,26 @@ async def test_scale_out_to_three_clusters_and_back_and_a_tier_change_under_load
         finally:
             monitor.stop.set()
             await watching
-            await probe.close()
+        # A spec that cannot be done fails the handler and says why, changing nothing.
+        with pytest.raises(kopf.PermanentError, match="s9"):
+            await handle(memo, oms_cluster(2, {**pins, whale: "s9"}, 5))
+        assert (await current_document(store)).epoch == owners["two"].epoch
+        await probe.close()
 
     users = [t.user_id for t in takers]
     three = owners["three"]
     expected = {u for u in users if rendezvous_owner(u, ["s1", "s2", "s3"]) == "s3"}
+    assert outcomes["start"]["phase"] == "Ready" and outcomes["start"]["shards"] == 2
+    activated = outcomes["activate"]
+    assert activated["phase"] == "Ready" and activated["shards"] == 3, activated
+    assert activated["epoch"] == three.epoch and activated["observedGeneration"] == 2
+    assert activated["wave"]["operation"] == "activate s3", activated
+    assert not activated["wave"]["returned"] and not activated["wave"]["held"], activated
+    assert [c["id"] for c in activated["clusters"]] == list(CLUSTERS)
+    # While the wave ran, the status said so.
+    scaling = [s for s in published if s.get("phase") == "Scaling"]
+    assert scaling and any(s["wave"]["operation"] == "activate s3" for s in scaling)
     assert [c.cluster_id for c in three.clusters] == ["s1", "s2", "s3"]
-    assert not outcomes["activate"].returned and not outcomes["activate"].held, outcomes
     assert {u for u in users if three.owner_of(u) == "s3"} == expected
     assert 0.15 < len(expected) / len(users) < 0.55  # about a third
     assert all(three.owner_of(u) == start.owner_of(u) for u in users if u not in expected)
@@ -125,24 +157,24 @@ async def test_scale_out_to_three_clusters_and_back_and_a_tier_change_under_load
     tiered = owners["tiered"]
     assert tiered.owner_of(whale) == "s2" and tiered.pins.get(whale) == "s2"
     assert all(tiered.owner_of(u) == three.owner_of(u) for u in users if u != whale)
+    assert outcomes["tier"]["pins"][str(whale)] == "s2"
     two = owners["two"]
     assert [c.cluster_id for c in two.clusters] == ["s1", "s2"]
     assert all(two.owner_of(u) == start.owner_of(u) for u in users)
     assert not two.moves and not two.transit and set(two.pins) == {m.user_id for m in makers}
+    assert outcomes["remove"]["shards"] == 2 and outcomes["remove"]["wave"]["operation"] == (
+        "remove s3"
+    )
 
-    await check_mesh_invariants(addresses(mesh), mesh.database_url, load.accepted)
+    await check_mesh_invariants(mesh.addresses(), mesh.database_url, load.accepted)
     await audit_histories(mesh, load, [*makers, *takers])
     print(
         f"scaling: {len(load.accepted)} orders accepted, retries {dict(load.retries)}, "
         f"monitor {monitor.samples} samples ({monitor.handovers} handovers seen), "
         + "; ".join(
-            f"{name}: {p.moved} moved in {p.waves} waves, {p.seconds:.2f} s"
-            for name, p in outcomes.items()
+            f"{name}: {o['wave']['moved']} moved in {o['wave']['waves']} waves, "
+            f"{o['wave']['seconds']:.2f} s"
+            for name, o in outcomes.items()
+            if "wave" in o
         )
     )
-
-
-async def document(store: RoutingStore) -> RoutingDocument:
-    stored = await store.read()
-    assert stored is not None
-    return stored.document

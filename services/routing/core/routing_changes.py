@@ -32,11 +32,14 @@ from services.routing.core.routing_document import (
 )
 
 
-def first_document(cluster_ids: Sequence[str]) -> RoutingDocument:
-    """Epoch 1: the given clusters, all active, no pins."""
+def first_document(cluster_ids: Sequence[str], receiving: Sequence[str] = ()) -> RoutingDocument:
+    """Epoch 1: the given clusters, all active, no pins; those of `receiving` joined
+    as receiving instead (they own nobody until a scale-out activates them)."""
     if not cluster_ids:
         raise RoutingDocumentError("a first document names at least one cluster")
-    return RoutingDocument.build(1, [Cluster(c, ClusterState.ACTIVE) for c in cluster_ids])
+    clusters = [Cluster(c, ClusterState.ACTIVE) for c in cluster_ids]
+    clusters += [Cluster(c, ClusterState.RECEIVING) for c in receiving]
+    return RoutingDocument.build(1, clusters)
 
 
 def with_cluster_joining(document: RoutingDocument, cluster_id: str) -> RoutingDocument:
@@ -76,6 +79,14 @@ def with_cluster_draining(document: RoutingDocument, cluster_id: str) -> Routing
         for c in document.clusters
     ]
     return RoutingDocument.build(document.epoch + 1, clusters, document.pins, document.moves)
+
+
+def with_drain_cancelled(document: RoutingDocument, cluster_id: str) -> RoutingDocument:
+    """`cluster_id` (draining) active again: it owned its users by hash all along, so
+    nobody's owner changes (a scale-in taken back before its cut-over)."""
+    if _state(document, cluster_id) != ClusterState.DRAINING:
+        raise RoutingDocumentError(f"cluster {cluster_id} is not draining")
+    return _with_state(document, cluster_id, ClusterState.ACTIVE)
 
 
 # --- moving users: transit, then landed or returned -------------------------------------

@@ -1,0 +1,2 @@
+"""Kubernetes: the manifests (`base/`, `overlays/`, `examples/`) and the operator
+(`operator/`), which runs the wave controller's code for `OmsCluster` resources."""

@@ -1,0 +1,175 @@
+"""The kopf handlers of OmsCluster resources (group oms.mesh.io, v1alpha1).
+
+A resource created, its spec changed (`kubectl apply`, `kubectl scale`, `kubectl
+patch`) or found again when the operator restarts is reconciled
+(`mesh_reconciler.py`): its status says the routing epoch, the phase (Ready, Scaling,
+Blocked, Failed), each cluster's state, the pins and the last wave's progress, patched
+while a wave runs. What can wait is retried by kopf (a shard not answering yet,
+etcd unreachable, users that would not go flat: TemporaryError); a spec that cannot
+be done fails the handler (PermanentError) until the spec changes.
+
+The handlers find what they use in kopf's `memo` (`OperatorContext`), made at start-up
+from the environment (`OperatorSettings`); tests build one over a real etcd and real
+shards and call the handlers with resource bodies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client, config
+
+from k8s.operator.mesh_reconciler import MeshReconciler, Publish, Status
+from k8s.operator.mesh_spec import MeshSpec, OmsClusterSpecError
+from k8s.operator.workloads import (
+    ClusterWorkloads,
+    ExternalWorkloads,
+    KubernetesWorkloads,
+    WorkloadsNotReadyError,
+)
+from services.coordination.errors import CoordinationUnavailable
+from services.coordination.etcd_session import EtcdSession
+from services.coordination.group_keys import DEFAULT_MESH_ID
+from services.routing.core.routing_document import RoutingDocumentError
+from services.routing.routing_store import RoutingConflictError, RoutingStore
+from services.routing.shard_probe import ShardProbe, ShardUnreachableError
+from services.routing.wave_controller import WaveBlockedError, WaveStalledError
+from services.settings import load_settings, setting
+
+GROUP, VERSION, PLURAL = "oms.mesh.io", "v1alpha1", "omsclusters"
+RETRY_DELAY_S = 10.0
+BLOCKED_DELAY_S = 30.0
+FAILED, BLOCKED, SCALING = "Failed", "Blocked", "Scaling"
+RETRIED = (
+    WaveStalledError,
+    ShardUnreachableError,
+    WorkloadsNotReadyError,
+    CoordinationUnavailable,
+    RoutingConflictError,
+)
+
+registry = kopf.OperatorRegistry()
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    mesh_id: str = setting(env="OMS_MESH_ID", default=DEFAULT_MESH_ID)
+    workloads: str = setting(
+        env="OMS_OPERATOR_WORKLOADS",
+        default="kubernetes",
+        help="kubernetes: the operator creates a new cluster's objects (cloned from s1's) "
+        "and deletes a removed one's; external: someone else deploys them",
+    )
+    namespace: str = setting(env="POD_NAMESPACE", default="oms")
+
+
+@dataclass
+class OperatorContext:
+    reconciler: MeshReconciler
+    publisher: Callable[[str, str], Publish]  # (namespace, name) -> status publisher
+    session: EtcdSession | None = None
+
+    async def close(self) -> None:
+        await self.reconciler.probe.close()
+        if self.session is not None:
+            await self.session.close()
+
+
+async def connect(settings: OperatorSettings) -> OperatorContext:
+    if not settings.etcd_endpoints:
+        raise kopf.PermanentError("the operator needs OMS_ETCD_ENDPOINTS")
+    session = EtcdSession(settings.etcd_endpoints)
+    probe = ShardProbe({}, etcd_endpoints=settings.etcd_endpoints, mesh_id=settings.mesh_id)
+    workloads: ClusterWorkloads
+    if settings.workloads == "external":
+        workloads = ExternalWorkloads(probe)
+    elif settings.workloads == "kubernetes":
+        workloads = KubernetesWorkloads(probe, settings.namespace)
+    else:
+        raise kopf.PermanentError(
+            f"OMS_OPERATOR_WORKLOADS is kubernetes or external, not {settings.workloads!r}"
+        )
+    reconciler = MeshReconciler(RoutingStore(session, settings.mesh_id), probe, workloads)
+    return OperatorContext(reconciler, status_publisher, session)
+
+
+def status_publisher(namespace: str, name: str) -> Publish:
+    """Patches the resource's status subresource (progress while a wave runs)."""
+
+    async def publish(status: Status) -> None:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        async with client.ApiClient() as api_client:
+            await client.CustomObjectsApi(api_client).patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+            )
+
+    return publish
+
+
+@kopf.on.startup(registry=registry)
+async def started(memo: kopf.Memo, **_: Any) -> None:
+    if "context" not in memo:  # a test may have put its own there
+        memo["context"] = await connect(load_settings(OperatorSettings))
+
+
+@kopf.on.cleanup(registry=registry)
+async def stopped(memo: kopf.Memo, **_: Any) -> None:
+    context: OperatorContext | None = memo.get("context")
+    if context is not None:
+        await context.close()
+
+
+async def reconcile(
+    *,
+    spec: kopf.Spec,
+    name: str,
+    namespace: str | None,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: Any,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
+    context: OperatorContext = memo["context"]
+    patch.status["observedGeneration"] = meta.get("generation", 0)
+    try:
+        wanted = MeshSpec.of(spec)
+    except OmsClusterSpecError as error:
+        patch.status.update(phase=FAILED, message=str(error))
+        raise kopf.PermanentError(str(error)) from error
+    try:
+        publish = context.publisher(namespace or "", name)
+        status = await context.reconciler.reconcile(wanted, publish)
+    except WaveBlockedError as error:
+        patch.status.update(phase=BLOCKED, message=str(error))
+        raise kopf.TemporaryError(str(error), delay=BLOCKED_DELAY_S) from error
+    except RETRIED as error:
+        patch.status.update(phase=SCALING, message=str(error))
+        raise kopf.TemporaryError(str(error), delay=RETRY_DELAY_S) from error
+    except RoutingDocumentError as error:
+        patch.status.update(phase=FAILED, message=str(error))
+        raise kopf.PermanentError(str(error)) from error
+    patch.status.update({**status, "message": ""})
+    logger.info(f"routing epoch {status['epoch']}: {status['shards']} active cluster(s)")
+
+
+# Registered without decorators so `reconcile` keeps its own signature for its callers.
+kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)(reconcile)
+kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)(reconcile)
+kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)(reconcile)
+
+
+def run(namespaces: Sequence[str], liveness: str | None) -> None:
+    """The operator in the foreground (standalone: one instance, the Deployment's)."""
+    kopf.configure(verbose=False)
+    kopf.run(
+        registry=registry,
+        namespaces=list(namespaces),
+        liveness_endpoint=liveness,
+        standalone=True,
+    )
