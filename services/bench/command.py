@@ -24,6 +24,11 @@ TARGETS: dict[str, tuple[str, str]] = {
         "services.bench.e2e_bench",
         "orders/s and ack latency through the whole mesh vs the row-lock baseline",
     ),
+    "scale": (
+        "services.bench.scale_bench",
+        "ack latency and throughput before, during and after a scaling wave (2 -> 3 user-shard "
+        "clusters and back), and each wave's duration against the resident users it moved",
+    ),
     "failover": (
         "services.bench.failover_bench",
         "seconds from SIGKILL of a shard's or matcher group's leader to its successor's "

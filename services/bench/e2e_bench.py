@@ -21,7 +21,10 @@ transaction each; the ratio is printed.
 
 `--replicas 1,3` runs the same phases on a mesh of each replica count in turn (the
 shard and each matcher group as one replica on a file log, then three over logs in
-etcd), one table each, CPU summed over all replicas of a service.
+etcd), one table each, CPU summed over all replicas of a service. `--shards 1,2` does
+the same for meshes of one and of two user-shard clusters (the users spread over
+them by the routing document's hash; CPU summed over the clusters' processes of a
+service), each of every replica count asked for.
 """
 
 from __future__ import annotations
@@ -79,6 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="1",
         help="replica counts to measure in turn, e.g. 1,3 (each its own mesh)",
     )
+    parser.add_argument(
+        "--shards",
+        default="1",
+        help="user-shard cluster counts to measure in turn, e.g. 1,2 (each its own mesh)",
+    )
 
 
 @dataclass(frozen=True)
@@ -113,17 +121,23 @@ def run(arguments: argparse.Namespace) -> int:
 
 
 def _run_in(state_dir: Path, arguments: argparse.Namespace) -> int:
-    counts = [int(part) for part in str(arguments.replicas).split(",") if part.strip()]
-    measured: list[tuple[int, list[PhaseResult], Counter[str]]] = []
+    shapes = [
+        (replicas, shards)
+        for shards in _counts(arguments.shards)
+        for replicas in _counts(arguments.replicas)
+    ]
+    measured: list[tuple[str, list[PhaseResult], Counter[str]]] = []
     baseline = None
-    for replicas in counts:
-        folder = state_dir / f"replicas-{replicas}" if len(counts) > 1 else state_dir
-        print(f"starting the mesh ({replicas} replica(s)) under {folder} ...", flush=True)
-        with LaunchedMesh(folder, replicas=replicas) as mesh:
+    for replicas, shards in shapes:
+        shape = f"{shards} shard cluster(s), {replicas} replica(s) of each shard and matcher group"
+        name = f"shards-{shards}-replicas-{replicas}"
+        folder = state_dir / name if len(shapes) > 1 else state_dir
+        print(f"starting the mesh ({shape}) under {folder} ...", flush=True)
+        with LaunchedMesh(folder, replicas=replicas, shards=shards) as mesh:
             assert mesh.record is not None
             REFUSALS.clear()
             results = uvloop.run(_measure(mesh, arguments))
-            measured.append((replicas, results, Counter(REFUSALS)))
+            measured.append((shape, results, Counter(REFUSALS)))
             if baseline is None:
                 baseline = uvloop.run(
                     run_baseline(
@@ -133,9 +147,9 @@ def _run_in(state_dir: Path, arguments: argparse.Namespace) -> int:
                     )
                 )
     assert baseline is not None
-    for replicas, results, refusals in measured:
-        if len(counts) > 1:
-            print(f"\n=== {replicas} replica(s) of the shard and of each matcher group ===")
+    for shape, results, refusals in measured:
+        if len(shapes) > 1:
+            print(f"\n=== {shape} ===")
         _report(
             results,
             refusals,
@@ -170,6 +184,10 @@ async def _measure(mesh: LaunchedMesh, arguments: argparse.Namespace) -> list[Ph
             results.append(replace(result, cpu_us_per_order=per_order))
             print(_line(results[-1]), flush=True)
     return results
+
+
+def _counts(text: str) -> list[int]:
+    return [int(part) for part in str(text).split(",") if part.strip()]
 
 
 def _rates(text: str) -> list[int]:

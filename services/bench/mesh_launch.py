@@ -30,13 +30,18 @@ class MeshLaunchError(RuntimeError):
 
 
 class LaunchedMesh:
-    def __init__(self, state_dir: Path, *, replicas: int = 1) -> None:
+    def __init__(
+        self, state_dir: Path, *, replicas: int = 1, shards: int = 1, active: int | None = None
+    ) -> None:
         self.state_dir = state_dir
         self.replicas = replicas  # of the shard and of each matcher group (`oms up --replicas`)
+        self.shards = shards  # user-shard clusters (`oms up --shards`)
+        self.active = active  # of them active in the first routing document (`--active`)
         self.log_path = state_dir / "mesh.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.record: MeshRecord | None = None
         self.database_url = ""
+        self.etcd_endpoints: tuple[str, ...] = ()
 
     def __enter__(self) -> LaunchedMesh:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -56,6 +61,9 @@ class LaunchedMesh:
                     str(self.state_dir),
                     "--replicas",
                     str(self.replicas),
+                    "--shards",
+                    str(self.shards),
+                    *(["--active", str(self.active)] if self.active is not None else []),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -84,14 +92,16 @@ class LaunchedMesh:
                 _serving(address)
                 for address in (
                     record.gateway,
-                    *record.shard_replicas(),
-                    record.persister,
-                    record.bridge,
+                    *(a for cluster in record.clusters() for a in cluster.shard_replicas()),
+                    *(cluster.persister for cluster in record.clusters()),
+                    *(cluster.bridge for cluster in record.clusters()),
                     *(a for group in record.matchers for a in record.matcher_replicas(group)),
                 )
             ):
                 self.record = record
-                self.database_url = LocalInfra(self.state_dir).up().database_url
+                infra = LocalInfra(self.state_dir).up()
+                self.database_url = infra.database_url
+                self.etcd_endpoints = tuple(infra.etcd_endpoints)
                 return
             time.sleep(0.2)
 
