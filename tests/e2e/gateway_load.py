@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -196,9 +196,15 @@ class GatewayOrderLoad:
             await asyncio.sleep(RETRY_PAUSE_S)
 
 
-async def run_load_until(
-    load: GatewayOrderLoad, steps: Callable[[], Coroutine[Any, Any, None]]
-) -> None:
+class RunningLoad(Protocol):
+    """A load that runs until its `stop` is set (`GatewayOrderLoad`, the scaling load)."""
+
+    stop: asyncio.Event
+
+    async def run(self) -> None: ...
+
+
+async def run_load_until(load: RunningLoad, steps: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run `load` while `steps` runs; then stop it and let every request finish.
 
     A load that fails (an answer no client should get) ends the steps at once.
@@ -210,7 +216,7 @@ async def run_load_until(
         if running.done():
             stepping.cancel()
             running.result()
-            raise AssertionError("the load stopped before the fault was over")
+            raise AssertionError("the load stopped before the steps were over")
         stepping.result()
     finally:
         load.stop.set()

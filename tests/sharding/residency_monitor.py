@@ -13,7 +13,8 @@ is counted apart (`handovers`) to show the monitor does catch users moving.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from services.routing.shard_probe import ShardProbe, ShardUnreachableError
@@ -31,6 +32,16 @@ class ResidencyMonitor:
     doubles: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
     ever: dict[str, set[int]] = field(default_factory=dict)  # cluster -> users ever seen
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @contextlib.asynccontextmanager
+    async def sampling(self) -> AsyncIterator[ResidencyMonitor]:
+        """Samples for as long as the block runs."""
+        task = asyncio.create_task(self.run())
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            await task
 
     async def run(self) -> None:
         order = [*self.clusters, *reversed(self.clusters[:-1])]

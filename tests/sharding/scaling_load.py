@@ -154,22 +154,3 @@ class ScalingLoad:
 
 def _never_retryable(answer: object) -> bool:
     return False
-
-
-async def run_during(load: ScalingLoad, steps: Awaitable[None]) -> None:
-    """Run `load` while `steps` runs; then stop it and let every request finish."""
-    running = asyncio.create_task(load.run())
-    stepping = asyncio.ensure_future(steps)
-    try:
-        await asyncio.wait({running, stepping}, return_when=asyncio.FIRST_COMPLETED)
-        if running.done():
-            stepping.cancel()
-            running.result()
-            raise AssertionError("the load stopped before the steps were over")
-        stepping.result()
-    finally:
-        load.stop.set()
-        if not stepping.done():
-            stepping.cancel()
-        await asyncio.gather(running, stepping, return_exceptions=True)
-    running.result()

@@ -14,7 +14,6 @@ three shards and PostgreSQL (tests/e2e/invariants.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,11 +31,11 @@ from services.routing.core.routing_changes import first_document
 from services.routing.core.routing_document import RoutingDocument
 from services.routing.routing_store import RoutingStore
 from services.routing.wave_controller import WaveController
+from tests.e2e.gateway_load import run_load_until
 from tests.e2e.invariants import check_mesh_invariants
 from tests.sharded_mesh import ShardedMesh
 from tests.sharding.residency_monitor import ResidencyMonitor
 from tests.sharding.scaling_audit import audit_histories, current_document, open_traders
-from tests.sharding.scaling_load import run_during
 
 MAKERS = 3
 TAKERS = 45
@@ -121,12 +120,8 @@ async def test_scale_out_to_three_clusters_and_back_and_a_tier_change_under_load
             owners["two"] = await current_document(store)
             await load.wait_accepted(len(load.accepted) + ORDERS_PER_PHASE)
 
-        watching = asyncio.create_task(monitor.run())
-        try:
-            await run_during(load, steps())
-        finally:
-            monitor.stop.set()
-            await watching
+        async with monitor.sampling():
+            await run_load_until(load, steps)
         # A spec that cannot be done fails the handler and says why, changing nothing.
         with pytest.raises(kopf.PermanentError, match="s9"):
             await handle(memo, oms_cluster(2, {**pins, whale: "s9"}, 5))

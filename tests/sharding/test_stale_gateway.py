@@ -20,6 +20,7 @@ from services.coordination.etcd_session import EtcdSession
 from services.routing.core.routing_changes import first_document
 from services.routing.routing_store import RoutingStore
 from services.routing.wave_controller import WaveController
+from tests.e2e.gateway_load import run_load_until
 from tests.e2e.invariants import check_mesh_invariants
 from tests.full_mesh import gateway_counters
 from tests.gateway.accounts import eventually
@@ -27,7 +28,6 @@ from tests.sharded_mesh import ShardedMesh
 from tests.sharding.freezing_proxy import FreezingProxy
 from tests.sharding.omsctl_process import run_to_the_end, start_omsctl
 from tests.sharding.scaling_audit import audit_histories, current_document, open_traders
-from tests.sharding.scaling_load import run_during
 
 MAKERS = 2
 TAKERS = 12
@@ -78,7 +78,7 @@ async def test_a_gateway_on_a_stale_epoch_is_corrected_by_not_owner_and_loses_no
                 )
                 await load.wait_accepted(len(load.accepted) + ORDERS)
 
-            await run_during(load, steps())
+            await run_load_until(load, steps)
             after = await current_document(store)
             await controller.shards.close()
         counters = await gateway_counters(stale.address)

@@ -12,7 +12,6 @@ its user's history once, and money is conserved over the three shards and Postgr
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,12 +21,12 @@ from services.routing.core.routing_changes import first_document
 from services.routing.core.routing_document import ClusterState, RoutingDocument
 from services.routing.routing_store import RoutingStore
 from services.routing.wave_controller import WaveController
+from tests.e2e.gateway_load import run_load_until
 from tests.e2e.invariants import check_mesh_invariants
 from tests.sharded_mesh import ShardedMesh
 from tests.sharding.omsctl_process import kill_at, run_to_the_end, start_omsctl
 from tests.sharding.residency_monitor import ResidencyMonitor
 from tests.sharding.scaling_audit import audit_histories, current_document, open_traders
-from tests.sharding.scaling_load import run_during
 
 CLUSTERS = ("s1", "s2", "s3")
 MAKERS = 3
@@ -68,12 +67,10 @@ async def test_a_wave_controller_killed_mid_wave_is_rolled_forward_by_the_next(
             seen.resumed_output = await run_to_the_end(second)
             await load.wait_accepted(len(load.accepted) + ORDERS)
 
-        watching = asyncio.create_task(monitor.run())
         try:
-            await run_during(load, steps())
+            async with monitor.sampling():
+                await run_load_until(load, steps)
         finally:
-            monitor.stop.set()
-            await watching
             await probe.close()
         end = await current_document(store)
 

@@ -64,11 +64,7 @@ def with_cluster_draining(document: RoutingDocument, cluster_id: str) -> Routing
         raise RoutingDocumentError(
             f"cluster {cluster_id} is {cluster.state.value}: only an active cluster drains"
         )
-    held = sorted(
-        user
-        for user, owner in (*document.pins.items(), *document.moves.items())
-        if owner == cluster_id
-    )
+    held = _pinned_or_moved_to(document, cluster_id)
     if held:
         raise RoutingDocumentError(
             f"cluster {cluster_id} holds pinned or moved users ({', '.join(map(str, held))}): "
@@ -190,11 +186,7 @@ def without_receiving_cluster(document: RoutingDocument, cluster_id: str) -> Rou
     """Remove a receiving cluster that holds nobody (a join taken back): moves nobody."""
     if _state(document, cluster_id) != ClusterState.RECEIVING:
         raise RoutingDocumentError(f"cluster {cluster_id} is not receiving")
-    held = sorted(
-        user
-        for user, owner in (*document.pins.items(), *document.moves.items())
-        if owner == cluster_id
-    ) + sorted(
+    held = _pinned_or_moved_to(document, cluster_id) + sorted(
         user for user, t in document.transit.items() if cluster_id in (t.source, t.destination)
     )
     if held:
@@ -237,11 +229,9 @@ def with_cut_over_done(document: RoutingDocument, cluster_id: str) -> RoutingDoc
             for c in document.clusters
         ]
     elif state == ClusterState.DEPARTING:
-        held = sorted(
-            user
-            for user, owner in (*document.pins.items(), *document.moves.items())
-            if owner == cluster_id
-        ) + sorted(user for user, t in document.transit.items() if t.source == cluster_id)
+        held = _pinned_or_moved_to(document, cluster_id) + sorted(
+            user for user, t in document.transit.items() if t.source == cluster_id
+        )
         if held:
             raise RoutingDocumentError(
                 f"cluster {cluster_id} still holds user(s) {', '.join(map(str, held))}"
@@ -291,6 +281,15 @@ def with_held(document: RoutingDocument, users: Iterable[int]) -> RoutingDocumen
         moves[user_id] = source
     return RoutingDocument.build(
         document.epoch + 1, document.clusters, document.pins, moves, document.transit
+    )
+
+
+def _pinned_or_moved_to(document: RoutingDocument, cluster_id: str) -> list[int]:
+    """The users a pin or a move gives to `cluster_id`, by id."""
+    return sorted(
+        user
+        for user, owner in (*document.pins.items(), *document.moves.items())
+        if owner == cluster_id
     )
 
 
