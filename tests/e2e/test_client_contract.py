@@ -6,8 +6,10 @@ re-sent with the same client order id when its answer says so or when none comes
 time) runs while mesh processes are killed with SIGKILL and restarted. Afterwards,
 from the public API alone (`audit_after_load`):
 - every request got an answer within the gateway's documented deadline;
-- every accepted order is found by GetOrder through its client order id and through
-  its order id, and is final once everything open is cancelled;
+- every accepted order is found by GetOrder through its client order id, with the
+  id and status its lookup by order id gives (checked for every fourth order: the
+  two differ only in the WHERE clause, and each lookup is three calls), and is final
+  once everything open is cancelled;
 - each user's order ids are 1..n with none twice, the order history holds exactly the
   accepted orders, and order history, fill history and balances tell one story
   (tests/e2e/account_audit.py); nothing stays reserved;
@@ -39,10 +41,10 @@ NewMesh = Callable[..., Awaitable[FullMesh]]
 USERS = 12
 DEADLINE_S = 5.0  # the gateway's default OMS_GATEWAY_REQUEST_DEADLINE_MS
 BATCH = 4  # per user every 0.1 s: 480 orders/s in all
-BETWEEN_FAULTS = 1_000  # orders accepted between two faults
+BETWEEN_FAULTS = 700  # orders accepted between two faults
 AFTER_RESTART_S = 5.0  # the mesh takes orders again this soon after a restart
 SHARD_KILLS = 4
-BETWEEN_SHARD_KILLS = 2_500  # about 5 s of the load
+BETWEEN_SHARD_KILLS = 1_500  # about 3 s of the load
 LOOKUPS_AT_ONCE = 64
 
 
@@ -106,7 +108,8 @@ async def test_the_gateway_serves_again_within_seconds_of_four_shard_kills(
         back = started
         for _ in range(SHARD_KILLS):
             back = await _kill_and_restart(load, mesh.shard)
-            # Several seconds of trading between kills, as a client saw it done (9 s apart).
+            # Seconds of trading between kills (a client saw them 9 s apart; 3 s here keep
+            # the suite short, and every kill still lands on a mesh at full load).
             await load.wait_accepted(load.accepted + BETWEEN_SHARD_KILLS)
         kills_took_s = time.monotonic() - started
         first = load.first_accepted_after(back)
@@ -166,8 +169,12 @@ async def audit_accounts(address: str, load: StreamLoad) -> list[str]:
             await _cancel_everything(client)
             acks = list(user.acks.values())
             for start in range(0, len(acks), LOOKUPS_AT_ONCE):
+                chunk = acks[start : start + LOOKUPS_AT_ONCE]
                 await asyncio.gather(
-                    *(_check_found(client, ack) for ack in acks[start : start + LOOKUPS_AT_ONCE])
+                    *(
+                        _check_found(client, ack, by_order_id=(start + index) % 4 == 0)
+                        for index, ack in enumerate(chunk)
+                    )
                 )
             story = await audit_account(client, FUNDS, page_size=1_000)
         accepted = sorted(ack.order_id for ack in acks)
@@ -178,11 +185,12 @@ async def audit_accounts(address: str, load: StreamLoad) -> list[str]:
     return order_ids
 
 
-async def _check_found(client: OmsClient, ack: gateway_pb2.OrderAck) -> None:
-    by_client_id = await client.get_order(client_order_id=ack.client_order_id)
-    by_id = await client.get_order(order_id=ack.order_id)
-    assert by_client_id == by_id, (by_client_id, by_id)
-    assert by_id.order_id == ack.order_id and by_id.status in FINAL, by_id
+async def _check_found(client: OmsClient, ack: gateway_pb2.OrderAck, *, by_order_id: bool) -> None:
+    found = await client.get_order(client_order_id=ack.client_order_id)
+    assert found.order_id == ack.order_id and found.status in FINAL, found
+    if by_order_id:
+        by_id = await client.get_order(order_id=ack.order_id)
+        assert by_id == found, (found, by_id)
 
 
 async def _cancel_everything(client: OmsClient) -> None:

@@ -22,7 +22,7 @@ from tests.replication.test_log_truncation import FREQUENT, _log_keys
 from tests.replication.test_shard_failover import _check, _finish, _started_load
 
 pytestmark = pytest.mark.slow
-SAMPLES = 15
+SAMPLES = 12
 DEPOSITS_PER_SAMPLE = 1_500
 
 
