@@ -121,7 +121,9 @@ class WaveController:
     # --- operations -------------------------------------------------------------------
 
     async def resume(self, progress: WaveProgress | None = None) -> WaveProgress:
-        """Settle every transit and finish a cut-over under way (a previous controller's)."""
+        """Settle every transit and finish a cut-over under way (a previous controller's);
+        as the first step of another operation when given its `progress`."""
+        own = progress is None
         progress = progress or WaveProgress("resume")
         document = await self._document()
         if document.transit:
@@ -130,7 +132,7 @@ class WaveController:
         for cluster in document.clusters:
             if cluster.state in (ClusterState.ARRIVING, ClusterState.DEPARTING):
                 await self._finish_cut_over(cluster.cluster_id, progress)
-        return self._done(progress)
+        return self._done(progress) if own else progress
 
     async def activate(self, cluster_id: str) -> WaveProgress:
         """Scale out: `cluster_id` (joined as receiving, or joined now) owns by hash."""

@@ -115,8 +115,12 @@ async def test_scale_out_to_three_clusters_and_back_and_a_tier_change_under_load
             outcomes["tier"] = await handle(memo, oms_cluster(3, {**pins, whale: "s2"}, 3))
             owners["tiered"] = await current_document(store)
             await load.wait_accepted(len(load.accepted) + ORDERS_PER_PHASE // 2)
-            # Back to two clusters, the whale a normal user again: unpinned, then scale-in.
-            outcomes["remove"] = await handle(memo, oms_cluster(2, pins, 4))
+            # The whale a normal user again: unpinned, back where the hash puts it.
+            outcomes["untier"] = await handle(memo, oms_cluster(3, pins, 4))
+            owners["untiered"] = await current_document(store)
+            await load.wait_accepted(len(load.accepted) + ORDERS_PER_PHASE // 2)
+            # Back to two clusters.
+            outcomes["remove"] = await handle(memo, oms_cluster(2, pins, 5))
             owners["two"] = await current_document(store)
             await load.wait_accepted(len(load.accepted) + ORDERS_PER_PHASE)
 
@@ -124,7 +128,7 @@ async def test_scale_out_to_three_clusters_and_back_and_a_tier_change_under_load
             await run_load_until(load, steps)
         # A spec that cannot be done fails the handler and says why, changing nothing.
         with pytest.raises(kopf.PermanentError, match="s9"):
-            await handle(memo, oms_cluster(2, {**pins, whale: "s9"}, 5))
+            await handle(memo, oms_cluster(2, {**pins, whale: "s9"}, 6))
         assert (await current_document(store)).epoch == owners["two"].epoch
         await probe.close()
 
@@ -153,6 +157,11 @@ async def test_scale_out_to_three_clusters_and_back_and_a_tier_change_under_load
     assert tiered.owner_of(whale) == "s2" and tiered.pins.get(whale) == "s2"
     assert all(tiered.owner_of(u) == three.owner_of(u) for u in users if u != whale)
     assert outcomes["tier"]["pins"][str(whale)] == "s2"
+    # Unpinned, it went back where the hash puts it, and nobody else moved.
+    untiered = owners["untiered"]
+    assert whale not in untiered.pins and untiered.owner_of(whale) == three.owner_of(whale)
+    assert all(untiered.owner_of(u) == three.owner_of(u) for u in users)
+    assert outcomes["untier"]["wave"]["operation"] == f"unpin {whale}"
     two = owners["two"]
     assert [c.cluster_id for c in two.clusters] == ["s1", "s2"]
     assert all(two.owner_of(u) == start.owner_of(u) for u in users)
