@@ -160,4 +160,7 @@ def _moved_on(now: shard_pb2.ShardStatus, *, before: shard_pb2.ShardStatus) -> b
     return (
         now.counters["commands_applied"] > before.counters["commands_applied"] + 20
         or now.counters["hydrations_requested"] > before.counters["hydrations_requested"]
+        # Every worker may have been parked behind a read the dead persister took with it:
+        # the shard asking again (after 5 s of consensus time) is going on too.
+        or now.counters["hydrations_redriven"] > before.counters["hydrations_redriven"]
     )

@@ -30,8 +30,8 @@ from tests.sharding.scaling_audit import audit_histories, current_document, open
 
 CLUSTERS = ("s1", "s2", "s3")
 MAKERS = 3
-TAKERS = 45
-ORDERS = 250
+TAKERS = 30
+ORDERS = 200
 
 
 @dataclass
