@@ -83,6 +83,7 @@ class OperatorContext:
 async def connect(settings: OperatorSettings) -> OperatorContext:
     if not settings.etcd_endpoints:
         raise kopf.PermanentError("the operator needs OMS_ETCD_ENDPOINTS")
+    config.load_incluster_config()  # type: ignore[no-untyped-call]  # its service account
     session = EtcdSession(settings.etcd_endpoints)
     probe = ShardProbe({}, etcd_endpoints=settings.etcd_endpoints, mesh_id=settings.mesh_id)
     workloads: ClusterWorkloads
@@ -102,7 +103,6 @@ def status_publisher(namespace: str, name: str) -> Publish:
     """Patches the resource's status subresource (progress while a wave runs)."""
 
     async def publish(status: Status) -> None:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
         async with client.ApiClient() as api_client:
             await client.CustomObjectsApi(api_client).patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, {"status": status}

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -72,32 +71,34 @@ def mesh_status(document: RoutingDocument, phase: str, wave: WaveProgress | None
     return status
 
 
-@dataclass
-class _Latest:
-    """The newest status while a reconcile runs, published by one task in order."""
+class _StatusFeed:
+    """The newest status while a reconcile runs, published in order by one task: a
+    status set while a publish is under way replaces any older one not yet sent."""
 
-    status: Status | None = None
-    changed: asyncio.Event | None = None
-    done: bool = False
+    def __init__(self) -> None:
+        self.status: Status | None = None
+        self.changed = asyncio.Event()
+        self.closed = False
 
     def set(self, status: Status) -> None:
         self.status = status
-        if self.changed is not None:
-            self.changed.set()
+        self.changed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.changed.set()
 
     async def publish_each(self, publish: Publish) -> None:
-        self.changed = asyncio.Event()
         while True:
             await self.changed.wait()
             self.changed.clear()
-            if self.status is not None:
+            status, self.status = self.status, None
+            if status is not None:
                 try:
-                    await publish(self.status)
-                except (
-                    Exception
-                ) as error:  # progress is best effort: a failed patch waits for the next
+                    await publish(status)
+                except Exception as error:  # best effort: the next status goes anyway
                     log.warning("operator.status_not_published", error=str(error))
-            if self.done:
+            if self.closed and self.status is None:
                 return
 
 
@@ -108,20 +109,16 @@ class MeshReconciler:
         self.workloads = workloads
 
     async def reconcile(self, spec: MeshSpec, publish: Publish) -> Status:
-        latest = _Latest()
+        feed = _StatusFeed()
         async with asyncio.TaskGroup() as group:
-            publishing = group.create_task(latest.publish_each(publish))
+            group.create_task(feed.publish_each(publish))
             try:
-                final = await self._reconcile(spec, latest)
+                final = await self._reconcile(spec, feed)
             finally:
-                latest.done = True
-                if latest.changed is not None:
-                    latest.changed.set()
-                else:
-                    publishing.cancel()
+                feed.close()
         return final
 
-    async def _reconcile(self, spec: MeshSpec, latest: _Latest) -> Status:
+    async def _reconcile(self, spec: MeshSpec, latest: _StatusFeed) -> Status:
         progress: WaveProgress | None = None
 
         def report(wave: WaveProgress) -> None:
