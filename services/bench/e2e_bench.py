@@ -15,9 +15,20 @@ An ack is the gateway's answer, given once the shard's log entry holding the
 order is durable. Half the users (and half the streams) buy one lot at the
 reference price and half sell it, so orders trade with each other: the run
 carries fills, settlement and write-behind, and the book stays small. Rate 0
-means "as fast as it goes". In the same run and on the same PostgreSQL, the
-row-lock baseline admits orders with one `SELECT … FOR UPDATE; UPDATE; INSERT`
-transaction each; the ratio is printed.
+means "as fast as it goes".
+
+Workloads (`--workloads`): `uniform` spreads the orders evenly over the users;
+`hot` gives `--hot-users` whales `--hot-percent` of the flow (unary: of the
+orders; stream: of the rate, the whales' streams being the first ones), the rest
+spread over the others.
+
+CPU per acknowledged order is summed over every process of the mesh, PostgreSQL's
+and etcd's included, and the mesh's idle CPU is measured before the first phase.
+
+Once every mesh is stopped, the design the seeds reject (`row_lock_design.py`:
+pgbench against the same PostgreSQL, the same users, each workload, the best of
+`--design-clients`) runs the full job (reserve, then settle each fill) and the
+reservation alone; the report prints every figure beside the goal it is held to.
 
 `--replicas 1,3` runs the same phases on a mesh of each replica count in turn (the
 shard and each matcher group as one replica on a file log, then three over logs in
@@ -48,8 +59,9 @@ from gateway.signing import signed_metadata
 from protos.oms.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, shard_pb2
 from services.bench.latency import summarize_ms
 from services.bench.mesh_launch import LaunchedMesh
-from services.bench.row_lock_baseline import run_baseline
+from services.bench.row_lock_design import DesignResult, Workload, best_of
 from services.clients.channels import mesh_channel
+from services.infra.local_infra import LocalInfra
 
 SYMBOL = "BTC-USDT"
 REFERENCE_PRICE_TICKS = 6_500_000
@@ -62,8 +74,8 @@ REFUSALS: Counter[str] = Counter()  # refused orders by reason, over one mesh's 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each phase")
-    parser.add_argument("--unary-rates", default="1000,2000,3000,0")
-    parser.add_argument("--stream-rates", default="5000,10000,20000,0")
+    parser.add_argument("--unary-rates", default="250", help="offered orders/s; 0: max")
+    parser.add_argument("--stream-rates", default="500,1000,2000,0", help="offered orders/s")
     parser.add_argument("--unary-outstanding", type=int, default=256)
     parser.add_argument("--streams", type=int, default=8, help="Trade streams in parallel")
     parser.add_argument(
@@ -75,7 +87,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=100, help="orders per stream batch cap")
     parser.add_argument("--tick-ms", type=float, default=5.0)
     parser.add_argument("--users", type=int, default=64, help="funded whale-tier users")
-    parser.add_argument("--baseline-clients", type=int, default=16)
+    parser.add_argument(
+        "--workloads", default="uniform,hot", help="uniform and/or hot (whales carry the flow)"
+    )
+    parser.add_argument("--hot-users", type=int, default=4, help="hot workload: the whales")
+    parser.add_argument(
+        "--hot-percent", type=int, default=80, help="hot workload: the whales' share of orders"
+    )
+    parser.add_argument(
+        "--design-clients",
+        default="16,64",
+        help="pgbench client counts for the row-lock design; the best is reported",
+    )
+    parser.add_argument(
+        "--design-seconds", type=float, default=None, help="per pgbench run (default: --seconds)"
+    )
+    parser.add_argument(
+        "--idle-seconds", type=float, default=3.0, help="the idle mesh's CPU is sampled this long"
+    )
     parser.add_argument("--state-dir", type=Path, default=None, help="default: a temporary one")
     parser.add_argument(
         "--replicas",
@@ -97,8 +126,34 @@ class User:
 
 
 @dataclass(frozen=True)
+class UserMix:
+    """Which user places order number n, and with what share each stream trades."""
+
+    workload: str
+    users: int
+    hot_users: int
+    hot_percent: int
+
+    def user_index(self, number: int) -> int:
+        if self.workload != "hot":
+            return number % self.users
+        # A fixed stride over 0..99 spreads the whales' share evenly through the run.
+        if (number * 37) % 100 < self.hot_percent:
+            return number % self.hot_users
+        return self.hot_users + number % (self.users - self.hot_users)
+
+    def stream_shares(self, streams: int) -> list[float]:
+        if self.workload != "hot":
+            return [1.0 / streams] * streams
+        whales = min(self.hot_users, streams - 1)
+        hot = self.hot_percent / 100
+        return [hot / whales] * whales + [(1 - hot) / (streams - whales)] * (streams - whales)
+
+
+@dataclass(frozen=True)
 class PhaseResult:
     api: str
+    workload: str
     offered_per_s: int
     acked: int
     refused: int
@@ -111,6 +166,18 @@ class PhaseResult:
     @property
     def orders_per_s(self) -> float:
         return self.acked / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_us_total(self) -> float:
+        return sum(self.cpu_us_per_order.values())
+
+
+@dataclass
+class MeshMeasurement:
+    shape: str
+    idle_cpu_percent: dict[str, float]
+    results: list[PhaseResult]
+    refusals: Counter[str]
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -126,64 +193,103 @@ def _run_in(state_dir: Path, arguments: argparse.Namespace) -> int:
         for shards in _counts(arguments.shards)
         for replicas in _counts(arguments.replicas)
     ]
-    measured: list[tuple[str, list[PhaseResult], Counter[str]]] = []
-    baseline = None
+    measured: list[MeshMeasurement] = []
+    design_folder: Path | None = None
     for replicas, shards in shapes:
         shape = f"{shards} shard cluster(s), {replicas} replica(s) of each shard and matcher group"
         name = f"shards-{shards}-replicas-{replicas}"
         folder = state_dir / name if len(shapes) > 1 else state_dir
+        design_folder = design_folder or folder
         print(f"starting the mesh ({shape}) under {folder} ...", flush=True)
         with LaunchedMesh(folder, replicas=replicas, shards=shards) as mesh:
             assert mesh.record is not None
             REFUSALS.clear()
-            results = uvloop.run(_measure(mesh, arguments))
-            measured.append((shape, results, Counter(REFUSALS)))
-            if baseline is None:
-                baseline = uvloop.run(
-                    run_baseline(
-                        mesh.database_url,
-                        clients=arguments.baseline_clients,
-                        seconds=arguments.seconds,
-                    )
-                )
-    assert baseline is not None
-    for shape, results, refusals in measured:
+            idle, results = uvloop.run(_measure(mesh, arguments))
+            measured.append(MeshMeasurement(shape, idle, results, Counter(REFUSALS)))
+    assert design_folder is not None
+    design = _measure_design(design_folder, arguments)
+    for measurement in measured:
         if len(shapes) > 1:
-            print(f"\n=== {shape} ===")
-        _report(
-            results,
-            refusals,
-            baseline_per_s=baseline.orders_per_s,
-            baseline_p50_ms=baseline.p50_ms,
-            baseline_p99_ms=baseline.p99_ms,
-            arguments=arguments,
-        )
+            print(f"\n=== {measurement.shape} ===")
+        _report(measurement, design, arguments)
     return 0
 
 
-async def _measure(mesh: LaunchedMesh, arguments: argparse.Namespace) -> list[PhaseResult]:
+def _measure_design(folder: Path, arguments: argparse.Namespace) -> list[DesignResult]:
+    """The row-lock design with the mesh stopped: only PostgreSQL (and an idle etcd) run."""
+    print("the mesh is stopped; the row-lock design on the same PostgreSQL ...", flush=True)
+    infra = LocalInfra(folder)
+    endpoints = infra.up()
+    seconds = arguments.design_seconds or arguments.seconds
+    results = []
+    try:
+        for workload in _workloads(arguments):
+            mix = Workload(
+                workload,
+                users=arguments.users,
+                hot_users=arguments.hot_users,
+                hot_percent=arguments.hot_percent,
+            )
+            for job in ("full", "reserve"):
+                result = best_of(
+                    endpoints.database_url,
+                    job,
+                    mix,
+                    client_counts=_counts(arguments.design_clients),
+                    seconds=seconds,
+                )
+                print(_design_line(result), flush=True)
+                results.append(result)
+    finally:
+        infra.down()
+    return results
+
+
+async def _measure(
+    mesh: LaunchedMesh, arguments: argparse.Namespace
+) -> tuple[dict[str, float], list[PhaseResult]]:
     record = mesh.record
     assert record is not None
     async with mesh_channel(record.gateway) as channel:
         users = await _funded_users(
             channel, record.admin_api_key, record.admin_api_secret, arguments.users
         )
+        idle = await _idle_cpu_percent(mesh, arguments.idle_seconds)
+        print(
+            "idle mesh, % of a core: "
+            + ", ".join(f"{name} {percent:.1f}" for name, percent in sorted(idle.items()))
+            + f"; all {sum(idle.values()):.1f}",
+            flush=True,
+        )
         orders = gateway_pb2_grpc.OrderGatewayStub(channel)
         sequence = itertools.count(1)
         results: list[PhaseResult] = []
-        phases = [(_unary_phase, rate) for rate in _rates(arguments.unary_rates)]
-        phases += [(_stream_phase, rate) for rate in _rates(arguments.stream_rates)]
-        for phase, rate in phases:
-            before = mesh.service_cpu_seconds()
-            result = await phase(orders, users, rate, sequence, arguments)
-            after = mesh.service_cpu_seconds()
-            per_order = {
-                name: 1e6 * (used - before.get(name, 0.0)) / max(result.acked, 1)
-                for name, used in sorted(after.items())
-            }
-            results.append(replace(result, cpu_us_per_order=per_order))
-            print(_line(results[-1]), flush=True)
-    return results
+        for workload in _workloads(arguments):
+            mix = UserMix(workload, len(users), arguments.hot_users, arguments.hot_percent)
+            phases = [(_unary_phase, rate) for rate in _rates(arguments.unary_rates)]
+            phases += [(_stream_phase, rate) for rate in _rates(arguments.stream_rates)]
+            for phase, rate in phases:
+                before = mesh.service_cpu_seconds()
+                result = await phase(
+                    orders, users, mix=mix, rate=rate, sequence=sequence, arguments=arguments
+                )
+                after = mesh.service_cpu_seconds()
+                per_order = {
+                    name: 1e6 * (used - before.get(name, 0.0)) / max(result.acked, 1)
+                    for name, used in sorted(after.items())
+                }
+                results.append(replace(result, cpu_us_per_order=per_order))
+                print(_line(results[-1]), flush=True)
+    return idle, results
+
+
+async def _idle_cpu_percent(mesh: LaunchedMesh, seconds: float) -> dict[str, float]:
+    before = mesh.service_cpu_seconds()
+    started = time.monotonic()
+    await asyncio.sleep(seconds)
+    after = mesh.service_cpu_seconds()
+    elapsed = time.monotonic() - started
+    return {name: 100 * (used - before.get(name, 0.0)) / elapsed for name, used in after.items()}
 
 
 def _counts(text: str) -> list[int]:
@@ -192,6 +298,14 @@ def _counts(text: str) -> list[int]:
 
 def _rates(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
+
+
+def _workloads(arguments: argparse.Namespace) -> list[str]:
+    names = [part.strip() for part in arguments.workloads.split(",") if part.strip()]
+    for name in names:
+        if name not in ("uniform", "hot"):
+            raise SystemExit(f"oms bench e2e: unknown workload {name!r} (uniform, hot)")
+    return names
 
 
 async def _funded_users(
@@ -246,6 +360,8 @@ def _order(user: User, number: int, buyer: bool) -> gateway_pb2.PlaceOrderReques
 async def _unary_phase(
     orders: gateway_pb2_grpc.OrderGatewayStub,
     users: Sequence[User],
+    *,
+    mix: UserMix,
     rate: int,
     sequence: itertools.count[int],
     arguments: argparse.Namespace,
@@ -258,13 +374,19 @@ async def _unary_phase(
     async def place(slot_ns: int, number: int) -> None:
         nonlocal refused
         try:
-            index = number % len(users)
+            index = mix.user_index(number)
             user = users[index]
             request = _order(user, number, buyer=index % 2 == 0)
             metadata = signed_metadata(
                 user.api_key, user.api_secret, PLACE_METHOD, request, _now_ms()
             )
-            ack = await orders.PlaceOrder(request, metadata=metadata, timeout=30)
+            try:
+                ack = await orders.PlaceOrder(request, metadata=metadata, timeout=30)
+            except grpc.aio.AioRpcError as error:
+                # A mesh still working off an earlier phase's overload answers late.
+                refused += 1
+                REFUSALS[error.code().name] += 1
+                return
             if ack.accepted:
                 latencies_ns.append(time.perf_counter_ns() - slot_ns)
             else:
@@ -290,20 +412,29 @@ async def _unary_phase(
         await asyncio.gather(*tasks)
     elapsed = (time.perf_counter_ns() - started) / 1e9
     return PhaseResult(
-        "unary", rate, len(latencies_ns), refused, elapsed, *summarize_ms(latencies_ns)
+        "unary",
+        mix.workload,
+        rate,
+        len(latencies_ns),
+        refused,
+        elapsed,
+        *summarize_ms(latencies_ns),
     )
 
 
 async def _stream_phase(
     orders: gateway_pb2_grpc.OrderGatewayStub,
     users: Sequence[User],
+    *,
+    mix: UserMix,
     rate: int,
     sequence: itertools.count[int],
     arguments: argparse.Namespace,
 ) -> PhaseResult:
     latencies_ns: list[int] = []
     refused = 0
-    streams = max(1, arguments.streams)
+    streams = max(2, arguments.streams)
+    shares = mix.stream_shares(streams)
     tick_ns = int(arguments.tick_ms * 1e6)
     started = time.perf_counter_ns()
     deadline = started + int(arguments.seconds * 1e9)
@@ -312,6 +443,9 @@ async def _stream_phase(
         nonlocal refused
         user = users[index % len(users)]
         buyer = index % 2 == 0  # streams pair up: even ones buy, odd ones sell
+        share = shares[index]
+        # As fast as it goes: each stream's batches in proportion to its share.
+        batch_at_max = max(1, round(arguments.batch * share * streams))
         sent_at: dict[int, int] = {}
         outstanding = asyncio.Semaphore(arguments.stream_outstanding)
         done_sending = asyncio.Event()
@@ -327,10 +461,10 @@ async def _stream_phase(
                 if slot > now:
                     await asyncio.sleep((slot - now) / 1e9)
                 if rate:
-                    target = math.floor((slot - started + tick_ns) / 1e9 * rate / streams)
+                    target = math.floor((slot - started + tick_ns) / 1e9 * rate * share)
                     due = target - due_total
                 else:
-                    due = arguments.batch
+                    due = batch_at_max
                 due_total += due
                 while due > 0:
                     batch = gateway_pb2.TradeRequestBatch()
@@ -367,7 +501,13 @@ async def _stream_phase(
     await asyncio.gather(*(one_stream(index) for index in range(streams)))
     elapsed = (time.perf_counter_ns() - started) / 1e9
     return PhaseResult(
-        "stream", rate, len(latencies_ns), refused, elapsed, *summarize_ms(latencies_ns)
+        "stream",
+        mix.workload,
+        rate,
+        len(latencies_ns),
+        refused,
+        elapsed,
+        *summarize_ms(latencies_ns),
     )
 
 
@@ -381,51 +521,113 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _offered(rate: int) -> str:
+    return f"{rate:,}" if rate else "max"
+
+
 def _line(result: PhaseResult) -> str:
-    offered = f"{result.offered_per_s:,}" if result.offered_per_s else "max"
     return (
-        f"{result.api:<8}{offered:>9}{result.orders_per_s:>12,.0f}{result.p50_ms:>9.2f}"
-        f"{result.p99_ms:>9.2f}{result.max_ms:>9.2f}{result.refused:>9,}"
+        f"{result.api:<8}{result.workload:<9}{_offered(result.offered_per_s):>7}"
+        f"{result.orders_per_s:>10,.0f}{result.p50_ms:>9.2f}{result.p99_ms:>9.2f}"
+        f"{result.max_ms:>9.2f}{result.refused:>9,}{result.cpu_us_total:>11,.0f}"
+    )
+
+
+def _design_line(result: DesignResult) -> str:
+    return (
+        f"row-lock design, {result.job} job, {result.workload}: {result.orders_per_s:,.0f}"
+        f" orders/s at {result.clients} clients, p50 {result.p50_ms:.2f} ms,"
+        f" p99 {result.p99_ms:.2f} ms per execution, {result.failed} failed"
     )
 
 
 def _report(
-    results: Sequence[PhaseResult],
-    refusals: Counter[str],
-    *,
-    baseline_per_s: float,
-    baseline_p50_ms: float,
-    baseline_p99_ms: float,
-    arguments: argparse.Namespace,
+    measurement: MeshMeasurement, design: Sequence[DesignResult], arguments: argparse.Namespace
 ) -> None:
+    results = measurement.results
     print()
     print(
-        f"{'api':<8}{'offered':>9}{'orders/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
-        f"{'refused':>9}"
+        f"{'api':<8}{'workload':<9}{'offered':>7}{'orders/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'max ms':>9}{'refused':>9}{'CPU µs':>11}"
     )
     for result in results:
         print(_line(result))
-    print("\nCPU per acknowledged order, µs, by service process (the mesh shares the cores):")
+    print("\nCPU per acknowledged order, µs, by process (the mesh shares the cores):")
     names = sorted({name for result in results for name in result.cpu_us_per_order})
-    print(f"{'api':<8}{'offered':>9}" + "".join(f"{name:>12}" for name in names))
+    print(f"{'api':<8}{'workload':<9}{'offered':>7}" + "".join(f"{name:>12}" for name in names))
     for result in results:
-        offered = f"{result.offered_per_s:,}" if result.offered_per_s else "max"
         print(
-            f"{result.api:<8}{offered:>9}"
+            f"{result.api:<8}{result.workload:<9}{_offered(result.offered_per_s):>7}"
             + "".join(f"{result.cpu_us_per_order.get(name, 0.0):>12,.0f}" for name in names)
         )
-    if refusals:
-        print("refused by reason: " + ", ".join(f"{k} {v:,}" for k, v in refusals.most_common()))
-    print()
+    idle = measurement.idle_cpu_percent
     print(
-        f"{'baseline':<8}{'max':>9}{baseline_per_s:>12,.0f}{baseline_p50_ms:>9.2f}"
-        f"{baseline_p99_ms:>9.2f}   (SELECT … FOR UPDATE; UPDATE; INSERT per order,"
-        f" {arguments.baseline_clients} clients)"
+        "idle mesh, % of a core: "
+        + ", ".join(f"{name} {percent:.1f}" for name, percent in sorted(idle.items()))
+        + f"; all {sum(idle.values()):.1f}"
     )
-    best_stream = max((r.orders_per_s for r in results if r.api == "stream"), default=0.0)
-    best_unary = max((r.orders_per_s for r in results if r.api == "unary"), default=0.0)
-    if baseline_per_s > 0:
+    if measurement.refusals:
         print(
-            f"stream / baseline: {best_stream / baseline_per_s:.2f}x;"
-            f" unary / baseline: {best_unary / baseline_per_s:.2f}x"
+            "refused by reason: "
+            + ", ".join(f"{k} {v:,}" for k, v in measurement.refusals.most_common())
         )
+    print("\nrow-lock design (pgbench, the mesh stopped, same PostgreSQL and users):")
+    for design_result in design:
+        print("  " + _design_line(design_result))
+    print("\ngoals (the figure, then the goal):")
+    for line in _goal_lines(results, design):
+        print("  " + line)
+
+
+def _goal_lines(results: Sequence[PhaseResult], design: Sequence[DesignResult]) -> list[str]:
+    lines: list[str] = []
+
+    def phase(api: str, workload: str, rate: int) -> PhaseResult | None:
+        for result in results:
+            if (result.api, result.workload, result.offered_per_s) == (api, workload, rate):
+                return result
+        return None
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    for workload in dict.fromkeys(result.workload for result in results):
+        at_1000 = phase("stream", workload, 1_000)
+        if at_1000 is not None:
+            lines.append(
+                f"{workload}: stream at 1,000/s p50 {at_1000.p50_ms:.2f} ms (at most 3),"
+                f" p99 {at_1000.p99_ms:.2f} ms (at most 15):"
+                f" {verdict(at_1000.p50_ms <= 3 and at_1000.p99_ms <= 15)}"
+            )
+            lines.append(
+                f"{workload}: CPU per order at 1,000/s {at_1000.cpu_us_total:,.0f} µs"
+                f" (at most 650): {verdict(at_1000.cpu_us_total <= 650)}"
+            )
+        at_2000 = phase("stream", workload, 2_000)
+        if at_2000 is not None:
+            lines.append(
+                f"{workload}: stream at 2,000/s p99 {at_2000.p99_ms:.2f} ms (at most 30):"
+                f" {verdict(at_2000.p99_ms <= 30)}"
+            )
+        unary = phase("unary", workload, 250)
+        if unary is not None:
+            lines.append(
+                f"{workload}: unary at 250/s p99 {unary.p99_ms:.2f} ms (at most 15):"
+                f" {verdict(unary.p99_ms <= 15)}"
+            )
+        at_max = phase("stream", workload, 0)
+        if at_max is not None:
+            lines.append(
+                f"{workload}: CPU per order at the maximum {at_max.cpu_us_total:,.0f} µs"
+                f" (at most 200): {verdict(at_max.cpu_us_total <= 200)}"
+            )
+            full = [d for d in design if d.job == "full" and d.workload == workload]
+            if full:
+                ratio = at_max.orders_per_s / max(full[0].orders_per_s, 1.0)
+                lines.append(
+                    f"{workload}: stream maximum {at_max.orders_per_s:,.0f}/s ="
+                    f" {ratio:.2f}x the row-lock design's full job"
+                    f" ({full[0].orders_per_s:,.0f}/s at {full[0].clients} clients)"
+                    f" (at least 3x): {verdict(ratio >= 3)}"
+                )
+    return lines

@@ -18,7 +18,7 @@ from types import TracebackType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.infra.local_infra import LocalInfra
+from services.infra.local_infra import LocalInfra, ServerState
 from services.mesh.mesh_record import MeshRecord, read_mesh_record
 
 START_TIMEOUT_S = 120.0
@@ -124,26 +124,43 @@ class LaunchedMesh:
         LocalInfra(self.state_dir).down()
 
     def service_cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds (user + system) each service process of the mesh has used so far."""
+        """CPU seconds (user + system) each process of the mesh has used so far: every
+        service, and the embedded etcd and PostgreSQL (the server and all its backends)."""
         if self.process is None:
             return {}
-        tick = os.sysconf("SC_CLK_TCK")
         used: dict[str, float] = {}
         for pid in _children(self.process.pid):
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue  # exited meanwhile
             name = _service_name([part.decode(errors="replace") for part in argv])
             if name:
-                used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+                used[name] = used.get(name, 0.0) + _cpu_seconds(pid)
+        for server in LocalInfra(self.state_dir).status():
+            if server.pid is not None and server.state is ServerState.RUNNING:
+                used[server.name] = _cpu_seconds(server.pid) + sum(
+                    _cpu_seconds(child) for child in _children(server.pid)
+                )
         return used
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (0 once it has exited)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _children(pid: int) -> list[int]:
     found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
         try:
             found += [int(child) for child in (task / "children").read_text().split()]
         except OSError:
