@@ -65,6 +65,9 @@ CONNECT_TIMEOUT_S = 3.0  # the shard answers a stream's opening in this long, or
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_MAX_S = 1.0
 RETRY_ON_DEMAND_S = 0.1  # while away, a command starts an attempt if none ran this recently
+# The shard's Execute sends this in its initial metadata: the stream is open.
+STREAM_OPENED_KEY = "oms-shard-stream"
+STREAM_OPENED_VALUE = "open"
 LOG_INTERVAL_S = 1.0  # at most one "down" line a second; the next says how many it skipped
 
 
@@ -365,11 +368,16 @@ class ShardLink:
         try:
             try:
                 async with asyncio.timeout(self.connect_timeout_s):
-                    await call.initial_metadata()
+                    opening = await call.initial_metadata()
             except TimeoutError:
                 return f"no answer to the stream's opening in {self.connect_timeout_s:g} s"
             if call.done():
                 return f"refused the stream: {(await call.code()).name}"
+            # A call that fails before the shard answers also "returns" its (empty) initial
+            # metadata, and can still look not done for a moment: only the shard's own
+            # opening makes the link READY (a suite once saw READY on a stopped shard).
+            if not _opened_by_shard(opening):
+                return "the stream ended before the shard opened it"
             self._became_ready()
             reader = asyncio.create_task(self._read_results(call))
             while True:
@@ -496,6 +504,14 @@ class ShardLink:
         )
         self._last_down_line = now
         self._unlogged_breaks = 0
+
+
+def _opened_by_shard(metadata: grpc.aio.Metadata | None) -> bool:
+    if metadata is None:
+        return False
+    return any(
+        key == STREAM_OPENED_KEY and value == STREAM_OPENED_VALUE for key, value in metadata
+    )
 
 
 async def _first_of(wanted: asyncio.Event, ended: asyncio.Event) -> bool:

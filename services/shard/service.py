@@ -29,6 +29,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from protos.oms.v1 import shard_pb2
+from services.clients.shard_link import STREAM_OPENED_KEY, STREAM_OPENED_VALUE
 from services.coordination.group_keys import DEFAULT_MESH_ID
 from services.coordination.writer_tokens import WriterFenced, WriterFences
 from services.observability.tracing import context_of, tracer
@@ -99,7 +100,7 @@ class ShardServicer:
         # counts the shard as reachable only once it has seen these headers
         # (services/clients/shard_link.py).
         writer = await admit_writer(self.fences, context)
-        await context.send_initial_metadata(())
+        await context.send_initial_metadata(((STREAM_OPENED_KEY, STREAM_OPENED_VALUE),))
         ingress = self.host.ingress
         fenced: list[WriterFenced] = []
         window: asyncio.Queue[tuple[asyncio.Future[Any], bytes] | None] = asyncio.Queue(
