@@ -31,7 +31,9 @@ Correlation ids are unique per link (a random 32-bit prefix per stream), because
 the shard routes late finals by correlation id across streams. A stream whose
 queued commands are not taken, or whose sent commands get no answer at all, for
 `stall_s` while it lives is wedged (a stopped process, a half-open connection):
-the link ends it and connects again. Transitions are logged once each, rate-limited.
+the link ends it and connects again. Only client commands are answered: a link
+that sends only mesh commands is found wedged when its queue is not taken.
+Transitions are logged once each, rate-limited.
 """
 
 from __future__ import annotations
@@ -282,9 +284,11 @@ class ShardLink:
     def _stalled(self) -> bool:
         """Queued commands untaken, or sent commands unanswered, for `stall_s`.
 
-        The shard answers every batch once it is durable (a `parked` result at least),
-        so a stream that took commands and says nothing for that long is dead even if
-        its connection is not (a stopped process, a half-open connection).
+        The shard answers every batch holding a client command once it is durable (a
+        `parked` result at least), so a stream that took one and says nothing for that
+        long is dead even if its connection is not (a stopped process, a half-open
+        connection). Mesh commands get no answer: only their queue not being taken
+        says that a mesh-only link is wedged.
         """
         now = time.monotonic()
         queued_since = self._pending_since
@@ -455,10 +459,13 @@ class ShardLink:
             batch = shard_pb2.ShardCommandBatch()
             commands = batch.commands
             pending = self._pending
+            answered = False  # a client command is in it: the shard answers the batch
             while pending and len(commands) < MAX_COMMANDS_PER_BATCH:
                 command, future = pending.popleft()
-                if future is not None and future.done():
-                    continue  # its caller stopped waiting (deadline): it retries, same id
+                if future is not None:
+                    if future.done():
+                        continue  # its caller stopped waiting (deadline): it retries, same id
+                    answered = True
                 commands.append(command)
             self._pending_since = time.monotonic() if pending else None
             if len(pending) < self.max_queued:
@@ -467,7 +474,11 @@ class ShardLink:
                 continue
             self.sent_batches += 1
             self.sent_commands += len(commands)
-            if self._unanswered_since is None:
+            # Mesh commands (matcher events, flush answers) get no result, so silence after
+            # them says nothing: only a batch the shard must answer starts the clock. (It
+            # once started for every batch: the bridge's and the persister's links found a
+            # healthy shard wedged 5 s after their first send, at any load, and restarted.)
+            if answered and self._unanswered_since is None:
                 self._unanswered_since = time.monotonic()
             yield batch.SerializeToString()
 
@@ -509,9 +520,7 @@ class ShardLink:
 def _opened_by_shard(metadata: grpc.aio.Metadata | None) -> bool:
     if metadata is None:
         return False
-    return any(
-        key == STREAM_OPENED_KEY and value == STREAM_OPENED_VALUE for key, value in metadata
-    )
+    return any(key == STREAM_OPENED_KEY and value == STREAM_OPENED_VALUE for key, value in metadata)
 
 
 async def _first_of(wanted: asyncio.Event, ended: asyncio.Event) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import pytest
 from structlog.testing import capture_logs
 
+from protos.oms.v1 import shard_pb2
 from services.clients.shard_link import LinkState, ShardLink
 from tests.shard_service.deposit_load import (
     TIMEOUT_S,
@@ -119,3 +120,33 @@ async def _wait_for(condition: Callable[[], bool], *, timeout_s: float) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+async def test_a_link_of_mesh_commands_only_is_not_found_wedged_by_their_silence(
+    shared_shard: ShardProcess,
+) -> None:
+    """The shard answers no mesh command (matcher events, flush answers): a bridge's link
+    sending only those once found a healthy shard wedged `stall_s` after its first send,
+    at any load, and broke the bridge's session every few seconds."""
+    stall_s = 1.0
+    link = ShardLink(shared_shard.address, stall_s=stall_s)
+    try:
+        await link.wait_ready(10)
+        deadline = time.monotonic() + 3 * stall_s
+        sent = 0
+        while time.monotonic() < deadline:
+            # A well-formed event for another shard: counted as foreign, changes nothing,
+            # and answered with nothing (a malformed one would get a MALFORMED answer).
+            command = shard_pb2.ShardCommand()
+            command.matcher_events.matcher_group = "g1"
+            event = command.matcher_events.events.add(sequence=1, oms_shard="elsewhere")
+            event.accepted.SetInParent()
+            await link.send([command])
+            sent += 1
+            await asyncio.sleep(0.05)
+        await _wait_for(lambda: link.statistics().queued == 0, timeout_s=10)
+        statistics = link.statistics()
+    finally:
+        await link.close()
+    assert sent > 40
+    assert (statistics.stalls, statistics.breaks, statistics.state) == (0, 0, "ready"), statistics
