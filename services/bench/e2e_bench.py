@@ -69,6 +69,9 @@ PLACE_METHOD = "/oms.v1.OrderGateway/PlaceOrder"
 TRADE_METHOD = "/oms.v1.OrderGateway/Trade"
 FUNDS_USDT = 10**15
 FUNDS_BTC = 10**13
+QUIET_CORES = 0.5  # a phase starts once the mesh uses less than this
+QUIET_SAMPLE_S = 0.5
+QUIET_TIMEOUT_S = 120.0
 REFUSALS: Counter[str] = Counter()  # refused orders by reason, over one mesh's phases
 
 
@@ -269,6 +272,7 @@ async def _measure(
             phases = [(_unary_phase, rate) for rate in _rates(arguments.unary_rates)]
             phases += [(_stream_phase, rate) for rate in _rates(arguments.stream_rates)]
             for phase, rate in phases:
+                await _quiet(mesh)
                 before = mesh.service_cpu_seconds()
                 result = await phase(
                     orders, users, mix=mix, rate=rate, sequence=sequence, arguments=arguments
@@ -281,6 +285,16 @@ async def _measure(
                 results.append(replace(result, cpu_us_per_order=per_order))
                 print(_line(results[-1]), flush=True)
     return idle, results
+
+
+async def _quiet(mesh: LaunchedMesh) -> None:
+    """Until the mesh has worked off the previous phase (a maximum leaves sagas in flight
+    and rows to write for a while): its processes together below QUIET_CORES."""
+    deadline = time.monotonic() + QUIET_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if sum((await _idle_cpu_percent(mesh, QUIET_SAMPLE_S)).values()) < 100 * QUIET_CORES:
+            return
+    print(f"the mesh is still busy after {QUIET_TIMEOUT_S:g} s; measuring anyway", flush=True)
 
 
 async def _idle_cpu_percent(mesh: LaunchedMesh, seconds: float) -> dict[str, float]:

@@ -139,19 +139,25 @@ class LaunchedMesh:
                 used[name] = used.get(name, 0.0) + _cpu_seconds(pid)
         for server in LocalInfra(self.state_dir).status():
             if server.pid is not None and server.state is ServerState.RUNNING:
-                used[server.name] = _cpu_seconds(server.pid) + sum(
+                # PostgreSQL's backends come and go: the server's own count includes the
+                # children it has reaped, and the live ones are added.
+                used[server.name] = _cpu_seconds(server.pid, with_reaped=True) + sum(
                     _cpu_seconds(child) for child in _children(server.pid)
                 )
         return used
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process (0 once it has exited)."""
+def _cpu_seconds(pid: int, *, with_reaped: bool = False) -> float:
+    """User + system CPU seconds of one process (0 once it has exited); `with_reaped`:
+    and of its children that have exited and been waited for."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if with_reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _children(pid: int) -> list[int]:
