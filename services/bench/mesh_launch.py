@@ -42,6 +42,7 @@ class LaunchedMesh:
         self.record: MeshRecord | None = None
         self.database_url = ""
         self.etcd_endpoints: tuple[str, ...] = ()
+        self.server_pids: dict[str, int] = {}  # the embedded etcd's and PostgreSQL's
 
     def __enter__(self) -> LaunchedMesh:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +103,12 @@ class LaunchedMesh:
                 infra = LocalInfra(self.state_dir).up()
                 self.database_url = infra.database_url
                 self.etcd_endpoints = tuple(infra.etcd_endpoints)
+                # Once: asking their status connects to them (PostgreSQL forks a backend).
+                self.server_pids = {
+                    server.name: server.pid
+                    for server in LocalInfra(self.state_dir).status()
+                    if server.pid is not None and server.state is ServerState.RUNNING
+                }
                 return
             time.sleep(0.2)
 
@@ -137,13 +144,12 @@ class LaunchedMesh:
             name = _service_name([part.decode(errors="replace") for part in argv])
             if name:
                 used[name] = used.get(name, 0.0) + _cpu_seconds(pid)
-        for server in LocalInfra(self.state_dir).status():
-            if server.pid is not None and server.state is ServerState.RUNNING:
-                # PostgreSQL's backends come and go: the server's own count includes the
-                # children it has reaped, and the live ones are added.
-                used[server.name] = _cpu_seconds(server.pid, with_reaped=True) + sum(
-                    _cpu_seconds(child) for child in _children(server.pid)
-                )
+        for name, pid in self.server_pids.items():
+            # PostgreSQL's backends come and go: the server's own count includes the
+            # children it has reaped, and the live ones are added.
+            used[name] = _cpu_seconds(pid, with_reaped=True) + sum(
+                _cpu_seconds(child) for child in _children(pid)
+            )
         return used
 
 
