@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from protos.oms.v1 import shard_pb2
+from protos.oms.v1 import shard_pb2, shard_pb2_grpc
 from services.coordination.etcd_session import EtcdSession
 from services.routing.core.hrw import rendezvous_owner
 from services.routing.core.routing_document import Cluster, ClusterState, RoutingDocument
@@ -77,6 +77,15 @@ async def test_the_shard_logs_each_epoch_and_refuses_users_it_does_not_own(
             # once the user is hydrated here (a hydration of a user this shard did not
             # own was dropped; with a persister the deposit would have asked for one).
             await routing.swap(first, _document(2, pins={theirs: SHARD}))
+            # Only then hydrate: a hydration that lands before the shard logs epoch 2 is
+            # dropped, and a deposit after it parks for a hydration no persister sends.
+            status = shard_pb2_grpc.UserShardStub(channel)
+
+            async def at_epoch_2() -> bool:
+                reply = await status.GetStatus(shard_pb2.ShardStatusRequest(), timeout=5)
+                return bool(reply.counters["routing_epoch"] == 2)
+
+            await _until(at_epoch_2, answers)
 
             async def hydrated_and_accepted() -> bool:
                 stream.send(hydrate(theirs, balances=[("USDT", 100)]))
