@@ -67,7 +67,10 @@ def build_host(settings: MatcherServiceSettings) -> RuntimeHost[MatcherEgress]:
             data_dir=settings.data_dir,
             snapshot_interval_entries=settings.snapshot_interval_entries,
             checkpoint_interval_entries=settings.checkpoint_interval_entries,
-            sequencer=SequencerSettings(timer_interval_ms=settings.timer_interval_ms),
+            sequencer=SequencerSettings(
+                timer_interval_ms=settings.timer_interval_ms,
+                idle_timer_interval_ms=settings.idle_timer_interval_ms,
+            ),
         ),
     )
     try:

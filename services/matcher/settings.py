@@ -30,6 +30,12 @@ class MatcherServiceSettings:
         help="entries between two logged state hashes (checked by replays and followers)",
     )
     timer_interval_ms: int = setting(env="OMS_MATCHER_TIMER_MS", default=50)
+    idle_timer_interval_ms: int = setting(
+        env="OMS_MATCHER_IDLE_TIMER_MS",
+        default=500,
+        help="while no command comes and timers expire nothing, their spacing doubles up"
+        " to this (a GTD order on an idle group expires at most this late)",
+    )
     max_inflight_batches: int = setting(
         env="OMS_MATCHER_MAX_INFLIGHT", default=64, help="per Execute stream"
     )

@@ -4,8 +4,13 @@ Whatever arrived while the previous record was being made durable forms the
 next record (capped by entry count and bytes), so batches grow with load and
 one `fdatasync` covers them all. Each record is stamped with the consensus
 time: the leader's clock, never allowed to go back. Timer entries are appended
-at a fixed cadence (busy or idle) so sweeps and expiries land at deterministic
-log positions. A record is handed to the writer thread before it is applied, so
+at a cadence so sweeps and expiries land at deterministic log positions: every
+`timer_interval_ms` while commands come or timers produce egress, and, while
+neither happens, at a spacing that doubles up to `idle_timer_interval_ms` (an
+idle group otherwise logs, syncs and publishes a record per interval for
+nothing; the first command brings the cadence back). When a timer entry is
+logged is the leader's choice, like a batch's size: replicas only apply the log.
+A record is handed to the writer thread before it is applied, so
 the two can overlap (how much depends on the scheduler: see writer_thread.py);
 its results (the futures of the submitters and the egress handler) are released
 only once it is durable.
@@ -42,6 +47,7 @@ class SequencerSettings:
     max_batch_bytes: int = 4 * 1024 * 1024
     max_pending_entries: int = 200_000
     timer_interval_ms: int = 100  # 0 turns timer entries off (tests drive time by hand)
+    idle_timer_interval_ms: int = 1_000  # the widest spacing while nothing happens
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +112,7 @@ class Sequencer(Generic[EgressT]):
         self.durable_position = replica.applied_position
         self._consensus_time_ms = replica.consensus_time_ms
         self._next_timer_ms = 0
+        self._timer_spacing_ms = self.settings.timer_interval_ms  # widens while idle
         # After recovery, the newest hash may never have been logged: send it again.
         self._last_checkpoint_sent = 0
         self._batches = 0
@@ -244,9 +251,14 @@ class Sequencer(Generic[EgressT]):
                 self._window_max_dwell_ns = dwell
                 self._max_dwell_ns = max(self._max_dwell_ns, dwell)
         self._pending_entries -= len(entries)
-        if settings.timer_interval_ms and now_ms >= self._next_timer_ms:
-            entries.append((int(EntryKind.TIMER), b""))
-            self._next_timer_ms = now_ms + settings.timer_interval_ms
+        timer_index = -1
+        if settings.timer_interval_ms:
+            if taken:
+                self._busy_timer_cadence(now_ms)
+            if now_ms >= self._next_timer_ms:
+                timer_index = len(entries)
+                entries.append((int(EntryKind.TIMER), b""))
+                self._next_timer_ms = now_ms + self._timer_spacing_ms
         latest = self.replica.latest_hash
         if latest is not None and latest[0] > self._last_checkpoint_sent:
             entries.append((int(EntryKind.CHECKPOINT), encode_checkpoint(*latest)))
@@ -288,5 +300,21 @@ class Sequencer(Generic[EgressT]):
                 )
                 submission.future.set_result(receipt)
             cursor += count
+        if timer_index >= 0 and not taken and not outputs[timer_index]:
+            self._idle_timer_cadence()
+        elif timer_index >= 0 and outputs[timer_index]:
+            self._busy_timer_cadence(now_ms)
         if self._on_durable is not None:
             self._on_durable(batch, outputs)
+
+    def _busy_timer_cadence(self, now_ms: int) -> None:
+        interval = self.settings.timer_interval_ms
+        if self._timer_spacing_ms != interval:
+            self._timer_spacing_ms = interval
+            self._next_timer_ms = min(self._next_timer_ms, now_ms + interval)
+
+    def _idle_timer_cadence(self) -> None:
+        """A timer entry with no command beside it produced nothing: space the next
+        ones wider (the next timer is already scheduled at the current spacing)."""
+        widest = max(self.settings.idle_timer_interval_ms, self.settings.timer_interval_ms)
+        self._timer_spacing_ms = min(2 * self._timer_spacing_ms, widest)

@@ -65,7 +65,10 @@ def build_host(settings: ShardServiceSettings) -> RuntimeHost[Any]:
             data_dir=settings.data_dir,
             checkpoint_interval_entries=settings.checkpoint_interval_entries,
             snapshot_interval_entries=settings.snapshot_interval_entries,
-            sequencer=SequencerSettings(timer_interval_ms=settings.timer_interval_ms),
+            sequencer=SequencerSettings(
+                timer_interval_ms=settings.timer_interval_ms,
+                idle_timer_interval_ms=settings.idle_timer_interval_ms,
+            ),
         ),
     )
     feed: DurableEgressFeed[Any] = DurableEgressFeed(settings.retained_egress_records)

@@ -18,6 +18,12 @@ class ShardServiceSettings:
     snapshot_interval_entries: int = setting(env="OMS_SHARD_SNAPSHOT_ENTRIES", default=200_000)
     checkpoint_interval_entries: int = setting(env="OMS_SHARD_CHECKPOINT_ENTRIES", default=100_000)
     timer_interval_ms: int = setting(env="OMS_SHARD_TIMER_MS", default=100)
+    idle_timer_interval_ms: int = setting(
+        env="OMS_SHARD_IDLE_TIMER_MS",
+        default=1_000,
+        help="while no command comes and timers find nothing to do, their spacing doubles up"
+        " to this (sweeps and redrives of an idle shard run this late at most)",
+    )
     mark_interval_ms: int = setting(
         env="OMS_SHARD_MARK_INTERVAL_MS", default=100, help="cadence of conflated mark prices"
     )

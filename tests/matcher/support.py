@@ -264,8 +264,8 @@ class Driver:
 
     def timer(self, now_ms: int) -> list[Row]:
         self.position += 1
-        (egress,) = self.machine.on_timer(ApplyContext(self.position, now_ms))
-        events = [event_tuple(message) for message in egress.event_messages()]
+        outputs = self.machine.on_timer(ApplyContext(self.position, now_ms))
+        events = [event_tuple(message) for egress in outputs for message in egress.event_messages()]
         self.events.extend(events)
         return events
 

@@ -1,0 +1,106 @@
+"""Timer entries: every `timer_interval_ms` while work goes on, spaced wider while idle.
+
+An idle group once logged (and synced, and published) a timer record every interval
+for nothing; the spacing now doubles up to `idle_timer_interval_ms` while timer entries
+produce nothing and no command comes, and the first command or productive timer brings
+the cadence back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from services.runtime.core.counter_machine import CounterMachine, encode_increment
+from services.runtime.core.state_machine import ApplyContext
+from services.runtime.file_log import FileLogStore
+from services.runtime.node import NodeSettings, RuntimeNode
+from services.runtime.sequencer import SequencerSettings
+from tests.runtime.node_support import settle
+
+DEADLINE_S = 30.0
+
+
+class TimerRecordingMachine(CounterMachine):
+    """The counter machine, remembering each timer's consensus time; while `busy`, a
+    timer produces an item (as a sweep with work to do would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timer_times_ms: list[int] = []
+        self.busy = False
+
+    def on_timer(self, context: ApplyContext) -> Sequence[tuple[int, int | None]]:
+        super().on_timer(context)
+        self.timer_times_ms.append(context.consensus_time_ms)
+        return ((0, len(self.timer_times_ms)),) if self.busy else ()
+
+
+def node_for(
+    data_dir: Path, machine: TimerRecordingMachine, interval_ms: int, widest_ms: int
+) -> RuntimeNode[tuple[int, int | None]]:
+    settings = NodeSettings(
+        data_dir=data_dir,
+        checkpoint_interval_entries=1_000,
+        snapshot_interval_entries=0,
+        sequencer=SequencerSettings(
+            timer_interval_ms=interval_ms, idle_timer_interval_ms=widest_ms
+        ),
+    )
+    return RuntimeNode(machine, settings, log_store=FileLogStore(data_dir / "log"))
+
+
+async def timers_logged(machine: TimerRecordingMachine, count: int) -> list[int]:
+    deadline = time.monotonic() + DEADLINE_S
+    while len(machine.timer_times_ms) < count:
+        assert time.monotonic() < deadline, f"{len(machine.timer_times_ms)} timers logged"
+        await asyncio.sleep(0.005)
+    return list(machine.timer_times_ms)
+
+
+def gaps(times_ms: list[int]) -> list[int]:
+    return [later - earlier for earlier, later in itertools.pairwise(times_ms)]
+
+
+async def test_idle_timers_widen_to_the_widest_spacing_and_a_command_restores_it(
+    tmp_path: Path,
+) -> None:
+    machine = TimerRecordingMachine()
+    node = node_for(tmp_path, machine, interval_ms=10, widest_ms=160)
+    await node.recover()
+    task = asyncio.create_task(node.run())
+    try:
+        # 10, 20, 40, 80, 160, 160 ms apart (each gap at least its nominal spacing).
+        idle = gaps(await timers_logged(machine, 7))
+        assert idle[-1] >= 150 and idle[-2] >= 150, idle
+        assert idle[-1] < 1_000, idle  # capped at the widest spacing, not doubling on
+        seen = len(machine.timer_times_ms)
+        receipt = await settle(node.sequencer.submit_many([encode_increment(1, 1)]), task)
+        # The command's record may carry a timer (one was due); the next one, at the
+        # busy cadence, comes about 10 ms after the command instead of 160.
+        after = await timers_logged(machine, seen + 2)
+        next_timer_ms = min(t for t in after[seen:] if t > receipt.consensus_time_ms)
+        assert next_timer_ms - receipt.consensus_time_ms < 120, after[seen:]
+    finally:
+        node.stop()
+        await asyncio.wait({task}, timeout=10)
+        await node.close()
+
+
+async def test_timers_that_produce_egress_keep_the_busy_cadence(tmp_path: Path) -> None:
+    machine = TimerRecordingMachine()
+    machine.busy = True
+    node = node_for(tmp_path, machine, interval_ms=10, widest_ms=1_000)
+    await node.recover()
+    task = asyncio.create_task(node.run())
+    try:
+        busy = gaps(await timers_logged(machine, 12))
+        # Never widened: a doubling cadence would reach 640 ms by the eighth gap.
+        assert max(busy) < 320, busy
+    finally:
+        node.stop()
+        await asyncio.wait({task}, timeout=10)
+        await node.close()
