@@ -30,6 +30,7 @@ from services.matcher.core.machine import MatcherEgress, MatcherMachine
 from services.observability.tracing import context_from_metadata, tracer
 from services.runtime.hosting import HostPlan, RuntimeHost
 from services.runtime.sequencer import Receipt
+from services.serving.user_batches import user_batch_problem
 from services.serving.writer_admission import admit_writer, superseded
 
 log = structlog.get_logger(__name__)
@@ -185,6 +186,19 @@ class MatcherServicer:
         await self.host.settled()
         return self.machine.open_orders(request.oms_shard, request.user_id)
 
+    async def get_open_order_batch(
+        self, request: matcher_pb2.OpenOrdersBatchQuery, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> matcher_pb2.OpenOrdersBatch:
+        if problem := user_batch_problem(request.user_ids):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        await self.host.settled()
+        batch = matcher_pb2.OpenOrdersBatch()
+        for user_id in request.user_ids:
+            snapshot = self.machine.open_orders(request.oms_shard, user_id)
+            snapshot.user_id = user_id
+            batch.snapshots.append(snapshot)
+        return batch
+
     async def stream_last_prices(
         self, request: matcher_pb2.LastPriceRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[matcher_pb2.LastPrice]:
@@ -219,6 +233,11 @@ class MatcherServicer:
                 self.get_open_orders,
                 request_deserializer=matcher_pb2.OpenOrdersQuery.FromString,
                 response_serializer=matcher_pb2.OpenOrdersSnapshot.SerializeToString,
+            ),
+            "GetOpenOrderBatch": grpc.unary_unary_rpc_method_handler(
+                self.get_open_order_batch,
+                request_deserializer=matcher_pb2.OpenOrdersBatchQuery.FromString,
+                response_serializer=matcher_pb2.OpenOrdersBatch.SerializeToString,
             ),
             "StreamLastPrices": grpc.unary_stream_rpc_method_handler(
                 self.stream_last_prices,

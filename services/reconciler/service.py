@@ -85,7 +85,6 @@ class ReconcilerService:
                     shard_id=settings.shard_id,
                     group_of=self.directory.group_of,
                     max_users=settings.max_users_per_round,
-                    max_concurrent=settings.max_concurrent_queries,
                     only_on_drift=settings.report_only_on_drift,
                     counters=self.counters,
                 )

@@ -45,9 +45,6 @@ class ReconcilerSettings:
     max_users_per_round: int = setting(
         env="OMS_RECONCILER_MAX_USERS", default=200, help="users checked per round (the cap)"
     )
-    max_concurrent_queries: int = setting(
-        env="OMS_RECONCILER_CONCURRENCY", default=16, help="users checked at the same time"
-    )
     report_only_on_drift: bool = setting(
         env="OMS_RECONCILER_ONLY_ON_DRIFT",
         default=True,
@@ -59,5 +56,3 @@ class ReconcilerSettings:
     def __post_init__(self) -> None:
         if self.interval_ms <= 0 or self.max_users_per_round <= 0:
             raise ValueError("reconciler interval and users per round must be positive")
-        if self.max_concurrent_queries <= 0:
-            raise ValueError("reconciler concurrency must be positive")

@@ -3,11 +3,13 @@
 Each round takes the next `max_users` resident users after the cursor
 (`ListUsers`, all of them, not only those with orders: a user with no open
 order can still have a phantom at the matcher or a leaked reservation) and
-wraps to the start at the end. For each user it reads, per matcher group, the
-matcher's open orders of that user (`GetOpenOrders`, stamped
-`as_of_sequence`), then the shard's actor. A report is one `Reconcile`
-command per (user, group); the shard applies it once it has applied that
-sequence.
+wraps to the start at the end. For the window it reads, per matcher group, the
+matcher's open orders of those users (one `GetOpenOrderBatch` per group, each
+snapshot stamped `as_of_sequence`), then the shard's actors (one
+`GetActorBatch`): a round costs a handful of calls whatever the window, where a
+call per user and group once kept an idle mesh at a tenth of a core. A report
+is one `Reconcile` command per (user, group); the shard applies it once it has
+applied that sequence.
 
 With `only_on_drift` (the default) a (user, group) is reported only when the
 two sides disagree and nothing moved on either side between two looks one
@@ -24,9 +26,8 @@ shard ignores orders that moved after the report's sequence.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TypeVar
 
 import grpc
 import structlog
@@ -39,11 +40,11 @@ from services.reconciler.drift import (
     group_fingerprint,
     leaked_reservation,
 )
+from services.serving.user_batches import user_chunks
 
 log = structlog.get_logger(__name__)
 QUERY_TIMEOUT_S = 10.0
 MAX_LOOKS = 3  # looks at a suspect that keeps moving before it waits for the next pass
-T = TypeVar("T")
 
 
 @dataclass
@@ -93,7 +94,6 @@ class ReconcileSweep:
         shard_id: str,
         group_of: GroupOf,
         max_users: int,
-        max_concurrent: int,
         only_on_drift: bool,
         counters: ReconcilerCounters,
     ) -> None:
@@ -106,7 +106,6 @@ class ReconcileSweep:
         self.counters = counters
         self.cursor = 0
         self.suspects: dict[int, UserFinding] = {}  # user -> first look, checked next round
-        self._slots = asyncio.Semaphore(max_concurrent)
 
     async def round(self) -> list[shard_pb2.ShardCommand]:
         """Look again at last round's suspects, then at the next window of users.
@@ -164,56 +163,59 @@ class ReconcileSweep:
         return second.reports(stable)
 
     async def _check(self, users: Sequence[int]) -> list[UserFinding]:
-        return list(await asyncio.gather(*(self._check_user(user) for user in users)))
+        findings: list[UserFinding] = []
+        for chunk in user_chunks(users):
+            findings.extend(await self._check_chunk(chunk))
+        return findings
 
-    async def _check_user(self, user_id: int) -> UserFinding:
-        # The matcher first, then the shard: what the matcher lists is then either in the
+    async def _check_chunk(self, users: Sequence[int]) -> list[UserFinding]:
+        if not users:
+            return []
+        # The matchers first, then the shard: what a matcher lists is then either in the
         # shard's index or on its way out through an event emitted after the snapshot.
-        snapshots = await asyncio.gather(
-            *(
-                self._bounded(self._open_orders(group, stub, user_id))
-                for group, stub in self.matchers.items()
+        per_group = await asyncio.gather(
+            *(self._open_orders(group, stub, users) for group, stub in self.matchers.items())
+        )
+        actors = await self.shard.GetActorBatch(
+            shard_pb2.ActorBatchQuery(user_ids=users), timeout=QUERY_TIMEOUT_S
+        )
+        findings = []
+        for index, (user_id, view) in enumerate(zip(users, actors.views, strict=True)):
+            finding = UserFinding(
+                user_id,
+                {
+                    group: snapshots[index]
+                    for group, snapshots in zip(self.matchers, per_group, strict=True)
+                    if snapshots is not None
+                },
             )
-        )
-        view = await self._bounded(
-            self.shard.GetActor(shard_pb2.ActorQuery(user_id=user_id), timeout=QUERY_TIMEOUT_S)
-        )
-        finding = UserFinding(
-            user_id,
-            {
-                group: snapshot
-                for group, snapshot in zip(self.matchers, snapshots, strict=True)
-                if snapshot is not None
-            },
-        )
-        for group, snapshot in finding.snapshots.items():
-            finding.fingerprints[group] = group_fingerprint(view, group, snapshot, self.group_of)
-            reason = group_drift(view, group, snapshot, self.group_of)
-            if reason is not None:
-                finding.drift[group] = reason
-        leak = leaked_reservation(view)
-        if leak is not None and not finding.drift and finding.snapshots:
-            # The shard releases unbacked reservations on any report of the user.
-            finding.drift[next(iter(finding.snapshots))] = f"leaked reservation: {leak}"
-        return finding
+            group_of = self.group_of
+            for group, snapshot in finding.snapshots.items():
+                finding.fingerprints[group] = group_fingerprint(view, group, snapshot, group_of)
+                reason = group_drift(view, group, snapshot, group_of)
+                if reason is not None:
+                    finding.drift[group] = reason
+            leak = leaked_reservation(view)
+            if leak is not None and not finding.drift and finding.snapshots:
+                # The shard releases unbacked reservations on any report of the user.
+                finding.drift[next(iter(finding.snapshots))] = f"leaked reservation: {leak}"
+            findings.append(finding)
+        return findings
 
     async def _open_orders(
-        self, group: str, stub: matcher_pb2_grpc.MatcherStub, user_id: int
-    ) -> matcher_pb2.OpenOrdersSnapshot | None:
-        """The matcher's snapshot; None (this group skipped this round) if it is unreachable."""
+        self, group: str, stub: matcher_pb2_grpc.MatcherStub, users: Sequence[int]
+    ) -> Sequence[matcher_pb2.OpenOrdersSnapshot] | None:
+        """The matcher's snapshots, one per user in order; None (this group skipped for
+        these users this round) if it is unreachable."""
         try:
-            snapshot: matcher_pb2.OpenOrdersSnapshot = await stub.GetOpenOrders(
-                matcher_pb2.OpenOrdersQuery(oms_shard=self.shard_id, user_id=user_id),
+            batch: matcher_pb2.OpenOrdersBatch = await stub.GetOpenOrderBatch(
+                matcher_pb2.OpenOrdersBatchQuery(oms_shard=self.shard_id, user_ids=users),
                 timeout=QUERY_TIMEOUT_S,
             )
         except grpc.aio.AioRpcError as error:
-            self.counters.matcher_errors += 1
+            self.counters.matcher_errors += len(users)
             log.warning(
                 "reconciler.matcher_unreachable", matcher_group=group, error=error.code().name
             )
             return None
-        return snapshot
-
-    async def _bounded(self, call: Awaitable[T]) -> T:
-        async with self._slots:
-            return await call
+        return batch.snapshots

@@ -35,6 +35,7 @@ from services.coordination.writer_tokens import WriterFenced, WriterFences
 from services.observability.tracing import context_of, tracer
 from services.runtime.egress_feed import EgressWindowExceededError
 from services.runtime.hosting import HostPlan, RuntimeHost
+from services.serving.user_batches import user_batch_problem
 from services.serving.writer_admission import admit_writer, superseded
 from services.shard.actor_view import actor_view
 from services.shard.core.actor import UserActor
@@ -289,6 +290,21 @@ class ShardServicer:
         view.as_of_position = self.host.node.replica.applied_position
         return view
 
+    async def get_actor_batch(
+        self, request: shard_pb2.ActorBatchQuery, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> shard_pb2.ActorBatch:
+        if problem := user_batch_problem(request.user_ids):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        await self.host.settled()
+        position = self.host.node.replica.applied_position
+        batch = shard_pb2.ActorBatch()
+        for user_id in request.user_ids:
+            view = actor_view(self.machine, user_id)
+            view.as_of_position = position
+            view.user_id = user_id
+            batch.views.append(view)
+        return batch
+
     async def get_status(
         self, request: shard_pb2.ShardStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> shard_pb2.ShardStatus:
@@ -379,6 +395,11 @@ class ShardServicer:
                 self.get_actor,
                 request_deserializer=shard_pb2.ActorQuery.FromString,
                 response_serializer=shard_pb2.ActorView.SerializeToString,
+            ),
+            "GetActorBatch": unary(
+                self.get_actor_batch,
+                request_deserializer=shard_pb2.ActorBatchQuery.FromString,
+                response_serializer=shard_pb2.ActorBatch.SerializeToString,
             ),
             "GetStatus": unary(
                 self.get_status,

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import grpc
+import pytest
+
+from protos.oms.v1 import matcher_pb2
+from services.serving.user_batches import MAX_USERS_PER_QUERY
 from tests.matcher_service.event_replay import StreamReplay, snapshot_orders
-from tests.matcher_service.matcher_client import MatcherClient
+from tests.matcher_service.matcher_client import READ_TIMEOUT_S, MatcherClient
 from tests.matcher_service.matcher_messages import BTC, BUY, REFERENCE_TICKS, OrderFactory
 from tests.matcher_service.order_mix import OrderMix
 
@@ -49,3 +54,33 @@ async def test_a_user_without_orders_gets_an_empty_snapshot_as_of_the_shards_end
     await matcher.submit(orders.limit(users[1], BUY, REFERENCE_TICKS[BTC] - 3, 2))
     snapshot = await matcher.open_orders(orders.shard, users[0])
     assert (snapshot.as_of_sequence, list(snapshot.orders)) == (1, [])
+
+
+async def test_a_batch_of_users_gets_each_users_snapshot_in_order_and_a_huge_one_is_refused(
+    matcher: MatcherClient, orders: OrderFactory, users: tuple[int, ...]
+) -> None:
+    """`GetOpenOrderBatch` (the reconciler's one call per round and group) answers what
+    `GetOpenOrders` answers for each user, in the order asked, as of one sequence."""
+    mix = OrderMix((orders,), users[:5], seed=5)
+    await matcher.execute(*mix.batches(4, 25))
+    asked = [*reversed(users), 999_999]  # the last one never traded
+    batch = await matcher.stub.GetOpenOrderBatch(
+        matcher_pb2.OpenOrdersBatchQuery(oms_shard=orders.shard, user_ids=asked),
+        timeout=READ_TIMEOUT_S,
+    )
+    assert [snapshot.user_id for snapshot in batch.snapshots] == asked
+    for snapshot in batch.snapshots:
+        single = await matcher.open_orders(orders.shard, snapshot.user_id)
+        assert snapshot.as_of_sequence == single.as_of_sequence
+        assert list(snapshot.orders) == list(single.orders)
+    assert any(snapshot.orders for snapshot in batch.snapshots)
+    assert not batch.snapshots[-1].orders
+
+    too_many = list(range(1, MAX_USERS_PER_QUERY + 2))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await matcher.stub.GetOpenOrderBatch(
+            matcher_pb2.OpenOrdersBatchQuery(oms_shard=orders.shard, user_ids=too_many),
+            timeout=READ_TIMEOUT_S,
+        )
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"at most {MAX_USERS_PER_QUERY}" in (refused.value.details() or "")

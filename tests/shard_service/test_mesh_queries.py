@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
+import grpc
 import pytest
 
 from protos.oms.v1 import shard_pb2
 from services.clients.shard_link import ShardLink, ShardUnavailableError
+from services.serving.user_batches import MAX_USERS_PER_QUERY
 from tests.shard_service.shard_client import (
     USDT,
+    WAIT_S,
     ShardClient,
     accepted_event,
     deposit,
@@ -57,6 +60,40 @@ async def test_list_users_pages_in_id_order_and_filters_by_orders(
         usdt = next(books for books in status.accounts if books.asset == USDT)
         assert usdt.deposits == 4 * 10_000_000_000 and usdt.resident == usdt.deposits
         assert usdt.clearing == usdt.fees == 0
+
+
+async def test_actor_batch_answers_each_users_view_in_order_and_refuses_a_huge_one(
+    shard_process: ShardProcess,
+) -> None:
+    """`GetActorBatch` (the reconciler's one call per round) answers what `GetActor`
+    answers for each user, in the order asked, as of one applied position."""
+    async with aio_channel(shard_process.address) as channel:
+        shard = ShardClient(channel)
+        for user_id in (11, 12):
+            await shard.run(hydrate(user_id), deposit(user_id, 10_000_000_000))
+        (placed,) = await shard.run(limit_order(12, "b-1", price_ticks=PRICE, quantity_lots=1))
+        assert placed.accepted
+
+        asked = [12, 99, 11]  # 99 is not resident
+        batch = await shard.stub.GetActorBatch(
+            shard_pb2.ActorBatchQuery(user_ids=asked), timeout=WAIT_S
+        )
+        assert [view.user_id for view in batch.views] == asked
+        assert len({view.as_of_position for view in batch.views}) == 1
+        for view in batch.views:
+            single = await shard.actor(view.user_id)
+            assert view.resident == single.resident
+            assert list(view.open_orders) == list(single.open_orders)
+            assert view.state == single.state
+        assert [order.order_id for order in batch.views[0].open_orders] == [placed.order_id]
+        assert not batch.views[1].resident
+
+        too_many = list(range(1, MAX_USERS_PER_QUERY + 2))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await shard.stub.GetActorBatch(
+                shard_pb2.ActorBatchQuery(user_ids=too_many), timeout=WAIT_S
+            )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_shard_link_batches_commands_and_returns_finals(
