@@ -92,6 +92,8 @@ class Gateway:
             capacity=settings.credential_cache_size,
             ttl_s=settings.credential_ttl_ms / 1000,
             unknown_ttl_s=settings.unknown_key_ttl_ms / 1000,
+            stale_limit_s=settings.credential_stale_limit_ms / 1000,
+            retry_s=settings.credential_retry_ms / 1000,
         )
         self.hydrate_ahead = HydrateAhead(
             routing, counters, interval_s=settings.prefetch_interval_ms / 1000
@@ -141,6 +143,8 @@ class Gateway:
         counters["credential_cache_hits"] = credentials.hits
         counters["credential_cache_misses"] = credentials.misses
         counters["credential_lookups"] = credentials.lookups
+        counters["credential_stale_hits"] = credentials.stale_hits
+        counters["credential_refresh_failures"] = credentials.refresh_failures
         clusters = self.routing.clusters()
         links = [cluster.shard.link.statistics() for cluster in clusters]
         counters["shard_batches_sent"] = sum(link.sent_batches for link in links)

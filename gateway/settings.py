@@ -65,7 +65,19 @@ class GatewaySettings:
     credential_ttl_ms: int = setting(
         env="OMS_GATEWAY_CREDENTIAL_TTL_MS",
         default=60_000,
-        help="how long a known key is trusted without asking the persister again",
+        help="a known key is checked with the persister again this often, in the background"
+        " (a disabled or rotated key is refused within this plus one persister answer)",
+    )
+    credential_stale_limit_ms: int = setting(
+        env="OMS_GATEWAY_CREDENTIAL_STALE_LIMIT_MS",
+        default=3_600_000,
+        help="while the persister or PostgreSQL cannot answer, known keys keep working for"
+        " this long past the last answer that vouched for them",
+    )
+    credential_retry_ms: int = setting(
+        env="OMS_GATEWAY_CREDENTIAL_RETRY_MS",
+        default=1_000,
+        help="a background key check that failed is tried again after this long",
     )
     unknown_key_ttl_ms: int = setting(
         env="OMS_GATEWAY_UNKNOWN_KEY_TTL_MS",
