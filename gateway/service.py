@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection
+
 from gateway.account_queries import AccountQueries
 from gateway.admin_service import SERVICE_NAME as ADMIN_SERVICE
 from gateway.admin_service import AdminService
@@ -26,6 +29,7 @@ from gateway.validation import RequestValidator
 from services.clients.matcher_directory import MatcherDirectory
 from services.markets.catalog import load_catalog
 from services.serving.service_host import ServicePlan
+from services.serving.status_service import STATUS_SERVICE
 from services.settings import SettingsError
 
 
@@ -168,6 +172,19 @@ class Gateway:
         def register(server: object) -> None:
             self.orders.register(server)
             self.admin.register(server)
+            if self.settings.reflection:
+                # Unsigned, like health: the interceptor guards only the two gateway
+                # services, and describing them grants nothing.
+                reflection.enable_server_reflection(
+                    (
+                        ORDER_SERVICE,
+                        ADMIN_SERVICE,
+                        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                        STATUS_SERVICE,
+                        reflection.SERVICE_NAME,
+                    ),
+                    server,
+                )
 
         return ServicePlan(
             name="gateway",

@@ -107,6 +107,12 @@ class GatewaySettings:
         default=10_000,
         help="requests in flight per Trade stream before reading pauses",
     )
+    reflection: bool = setting(
+        env="OMS_GATEWAY_REFLECTION",
+        default=True,
+        help="serve gRPC server reflection (grpcurl and other tools list and call the API);"
+        " it reveals only the public protos, and every call still needs its signature",
+    )
     log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
 
 
