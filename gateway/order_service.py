@@ -8,6 +8,7 @@ an `OrderAck`/`CancelAck` with its reason, not an RPC error.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from gateway.statistics import GatewayCounters
 from gateway.trade_stream import TradeSession
 from gateway.validation import RequestValidator
 from protos.oms.v1 import gateway_pb2, shard_pb2
+from services.observability.metrics import ACK_LATENCY
 from services.observability.tracing import trace_parent_of, tracer, tracing_enabled
 
 SERVICE_NAME = "oms.v1.OrderGateway"
@@ -95,7 +97,14 @@ class OrderService:
         self, request: gateway_pb2.PlaceOrderRequest, context: Context
     ) -> gateway_pb2.OrderAck:
         self.validator.place(request)
-        return await self.place(request)
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            ack = await self.place(request)
+            outcome = "accepted" if ack.accepted else "refused"
+            return ack
+        finally:
+            ACK_LATENCY.labels("unary", outcome).observe(time.perf_counter() - started)
 
     async def cancel_order(
         self, request: gateway_pb2.CancelOrderRequest, context: Context

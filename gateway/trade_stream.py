@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -23,6 +24,7 @@ from gateway.credentials import KeyHolder
 from gateway.errors import GatewayError, deadline_passed, invalid_field
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import gateway_pb2
+from services.observability.metrics import ACK_LATENCY
 
 MAX_BATCH = 1_000
 
@@ -134,20 +136,26 @@ class TradeSession:
 
     async def _answer(self, request: gateway_pb2.TradeRequest, kind: str) -> None:
         response = gateway_pb2.TradeResponse(request_id=request.request_id)
+        started = time.perf_counter()
+        outcome = "error"
         try:
             async with asyncio.timeout(self.deadline_s):
                 if kind == "place":
                     response.place.CopyFrom(await self.place(request.place))
+                    outcome = "accepted" if response.place.accepted else "refused"
                 else:
                     response.cancel.CopyFrom(await self.cancel(request.cancel))
         except GatewayError as error:
             response = self._error(request.request_id, error)
         except TimeoutError:
+            outcome = "timeout"
             response = self._error(request.request_id, deadline_passed(self.deadline_s))
         except Exception as error:
             self.failure = error  # raised by the writer: the stream fails, the client retries
             self.changed.set()
             return
+        if kind == "place":
+            ACK_LATENCY.labels("trade", outcome).observe(time.perf_counter() - started)
         self._put(response)
 
     def _error(self, request_id: int, error: GatewayError) -> gateway_pb2.TradeResponse:

@@ -16,6 +16,7 @@ state applied is nearly always one record ahead of the durable one).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -254,4 +255,12 @@ class MatcherServicer:
             service_names=(SERVICE_NAME,),
             register=self.register,
             loops=[lambda: self.view.follow(self.host)],
+            metrics=[("matcher", self.metric_numbers)],
         )
+
+    def metric_numbers(self) -> dict[str, int]:
+        """For the metrics endpoint (a follower's are those of the log it has applied)."""
+        return {
+            name: int(value)
+            for name, value in dataclasses.asdict(self.machine.statistics()).items()
+        }

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from services.mesh.mesh_record import (
     MeshRecord,
     MeshRecordError,
     prepare_mesh_record,
+    reuse_or_new_address,
+    write_mesh_record,
 )
 from services.mesh.readiness import report_readiness
 from services.mesh.supervisor import ChildSpec, MeshFailedError, Supervisor
@@ -146,13 +149,15 @@ def mesh_children(
             ),
         ]
     services.append(("gateway", ["gateway", "--listen", record.gateway], gateway))
+    metrics = {name: reuse_or_new_address(record.metrics.get(name)) for name, _, _ in services}
     for name, argv, _ in services:
-        print(f"[mesh] {name:<15} will listen on {argv[argv.index('--listen') + 1]}", flush=True)
+        listen = argv[argv.index("--listen") + 1]
+        print(f"[mesh] {name:<15} will listen on {listen}, metrics on {metrics[name]}", flush=True)
     return [
         ChildSpec(
             name,
             [sys.executable, "-m", "services.command_line", *argv],
-            {**environment, **extra},
+            {**environment, **extra, "OMS_METRICS_LISTEN": metrics[name]},
             address=argv[argv.index("--listen") + 1],
         )
         for name, argv, extra in services
@@ -193,6 +198,14 @@ def run_up(arguments: argparse.Namespace) -> int:
             infra.down()
         return 1
     children = mesh_children(endpoints, infra.state_dir, record)
+    # Where each child serves its metrics, for Prometheus, `oms bench` and tests to find.
+    write_mesh_record(
+        infra.state_dir,
+        replace(
+            record,
+            metrics={child.name: child.environment["OMS_METRICS_LISTEN"] for child in children},
+        ),
+    )
     print(f"[mesh] gateway {record.gateway}; try `oms demo` in another terminal", flush=True)
     try:
         asyncio.run(_supervise(children))

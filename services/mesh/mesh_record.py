@@ -73,6 +73,8 @@ class MeshRecord:
     mesh_id: str = ""  # "" only in a record written before mesh ids existed
     shards: int = 1
     other_clusters: list[ClusterRecord] = field(default_factory=list)  # s2..sN
+    # Each service's Prometheus endpoint (`GET /metrics`), by the name `oms up` gives it.
+    metrics: dict[str, str] = field(default_factory=dict)
 
     @property
     def replicated(self) -> bool:
@@ -141,12 +143,7 @@ def prepare_mesh_record(
             "etcd are under keys no service reads now; choose another --state-dir"
         )
 
-    def address(old: str | None) -> str:
-        if old:
-            port = int(old.rsplit(":", 1)[1])
-            if port_is_free(LOOPBACK, port):
-                return old
-        return f"{LOOPBACK}:{free_port()}"
+    address = reuse_or_new_address
 
     old_matchers = previous.matchers if previous else {}
     old_shard_followers = previous.shard_followers if previous else []
@@ -188,7 +185,22 @@ def prepare_mesh_record(
         else {},
         shards=shards,
         other_clusters=[cluster(index) for index in range(2, shards + 1)],
+        metrics=dict(previous.metrics) if previous else {},
     )
+    write_mesh_record(state_dir, record)
+    return record
+
+
+def reuse_or_new_address(old: str | None) -> str:
+    """`old` while its port is still free, else a new free loopback port."""
+    if old:
+        port = int(old.rsplit(":", 1)[1])
+        if port_is_free(LOOPBACK, port):
+            return old
+    return f"{LOOPBACK}:{free_port()}"
+
+
+def write_mesh_record(state_dir: Path, record: MeshRecord) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / RECORD_NAME
     temporary = path.with_suffix(".tmp")
@@ -196,4 +208,3 @@ def prepare_mesh_record(
     with os.fdopen(descriptor, "w") as out:
         json.dump(asdict(record), out, indent=2)
     temporary.replace(path)
-    return record

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from services.clients.channels import SERVER_OPTIONS
+from services.observability.metrics import StatusNumbers, serve_metrics
 from services.runtime.collector import settle_long_lived_state
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.ingress import CommandIngress
@@ -41,6 +42,8 @@ class HostPlan:
     service_names: Sequence[str]
     register: ServicerRegistration
     loops: list[BackgroundLoop] = field(default_factory=list)
+    # The service's numbers for the metrics endpoint, read at each scrape.
+    metrics: Sequence[tuple[str, StatusNumbers]] = ()
 
 
 class RuntimeHost(Generic[EgressT]):
@@ -104,6 +107,7 @@ class RuntimeHost(Generic[EgressT]):
         self.feed.start_at(self.node.replica.applied_position)
         self._ingress = CommandIngress(self.node.sequencer)
         plan = plan_for(self)
+        serve_metrics([("sequencer", self.sequencer_numbers), *plan.metrics])
         server = grpc.aio.server(options=SERVER_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         plan.register(server)
@@ -131,6 +135,18 @@ class RuntimeHost(Generic[EgressT]):
             self.feed.close()
             await self.node.close()
             log.info("service.stopped")
+
+    def sequencer_numbers(self) -> dict[str, int]:
+        statistics = self.node.sequencer.statistics()
+        return {
+            "records": statistics.batches,
+            "entries": statistics.entries,
+            "pending_entries": statistics.pending_entries,
+            "last_batch_entries": statistics.last_batch_entries,
+            "max_queue_dwell_ms": int(statistics.max_queue_dwell_ms),
+            "applied_position": statistics.applied_position,
+            "consensus_time_ms": statistics.consensus_time_ms,
+        }
 
     async def _stop_requested_or(self, sequencer: asyncio.Task[None]) -> None:
         waiter = asyncio.create_task(self._stop.wait())

@@ -36,6 +36,7 @@ from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import GroupKeys
 from services.coordination.leadership import Leadership, current_leader
 from services.coordination.replica_registry import ReplicaRegistry
+from services.observability.metrics import numbers_of, serve_metrics
 from services.runtime.collector import settle_long_lived_state
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.errors import LogFencedError
@@ -113,6 +114,13 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             node.after_snapshot = self._snapshot_published
             self.feed.start_at(node.replica.applied_position)
             plan = plan_for(self)
+            serve_metrics(
+                [
+                    ("replica", numbers_of(self._status)),
+                    ("sequencer", self.sequencer_numbers),
+                    *plan.metrics,
+                ]
+            )
             self.gate = gate = LeaderGate(
                 plan.service_names,
                 leading=lambda: self.leading,

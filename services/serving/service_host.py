@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from services.clients.channels import SERVER_OPTIONS
+from services.observability.metrics import numbers_of, serve_metrics
 from services.serving.status_service import STATUS_SERVICE, StatusSource, register_status
 
 log = structlog.get_logger(__name__)
@@ -70,6 +71,7 @@ class ServiceHost:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         plan.register(server)
         register_status(server, plan.name, plan.status)
+        serve_metrics([(plan.name, numbers_of(plan.status))])
         self.bound_port = server.add_insecure_port(self.listen_address)
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {self.listen_address}")

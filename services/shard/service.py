@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -426,7 +427,24 @@ class ShardServicer:
                 self.watch_saturation,
                 *([self.routing.run] if self.routing is not None else []),
             ],
+            metrics=[("shard", self.metric_numbers)],
         )
+
+    def metric_numbers(self) -> dict[str, int]:
+        """For the metrics endpoint: the actors, sagas and the machine's counters."""
+        statistics = self.machine.statistics()
+        numbers = {
+            name: value
+            for name, value in dataclasses.asdict(statistics).items()
+            if isinstance(value, int)
+        }
+        numbers["in_flight_sagas"] = statistics.in_flight_submits + statistics.in_flight_cancels
+        numbers.update(statistics.counters)
+        numbers["saturation_alerts"] = self.saturation_alerts
+        mailbox = self.marks.statistics()
+        numbers["ticks_received"] = mailbox.received
+        numbers["ticks_conflated"] = mailbox.replaced
+        return numbers
 
 
 def _correlation_ids(payload: bytes) -> frozenset[int]:

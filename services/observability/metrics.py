@@ -1,0 +1,207 @@
+"""Prometheus metrics: every service's status numbers, its process, and latency histograms.
+
+Each service already counts what it does for `oms.v1.Status/GetStatus` (tests and
+`omsctl` read those); the scrape endpoint exports the same numbers, read at scrape
+time, so the two never disagree and no hot path pays for a second set of counters.
+A status name becomes a metric name under `oms_`; a name with a dot (`requests.
+PlaceOrder`) becomes one metric with the part after the dot as its `key` label.
+Which names are gauges (they go down as well as up) is declared once, here; every
+other status number only ever grows and is a counter (`_total`).
+
+Latency is the one thing a status number cannot carry: `ACK_LATENCY` is a histogram
+the gateway observes on every order it answers.
+
+`OMS_METRICS_LISTEN` (host:port) turns the endpoint on (`GET /metrics`, served by
+prometheus-client's own HTTP server in a thread of its own, off the event loop).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from services.settings import load_settings, setting
+
+log = structlog.get_logger(__name__)
+PREFIX = "oms"
+StatusNumbers = Callable[[], Mapping[str, int]]
+
+# Status numbers that go down as well as up. Everything else is monotonic.
+GAUGES = frozenset(
+    {
+        # every replicated group (services/runtime/replicated_host.py)
+        "leading",
+        "term",
+        "applied_position",
+        "durable_position",
+        "truncated_through",
+        "installed_snapshot",
+        # a state machine's sequencer (services/runtime/sequencer.py)
+        "pending_entries",
+        "last_batch_entries",
+        "max_queue_dwell_ms",
+        "window_max_queue_dwell_ms",
+        # the shard (services/shard/service.py)
+        "resident_users",
+        "dehydrating_users",
+        "hydrating_users",
+        "parked_commands",
+        "in_flight_sagas",
+        "in_flight_submits",
+        "in_flight_cancels",
+        "quarantined_users",
+        "halted_users",
+        "routing_epoch",
+        "leaving_users",
+        "dedup_waiting_users",
+        "deferred_reconciles",
+        "consensus_time_ms",
+        # a matcher group (services/matcher/core/machine.py)
+        "resting_orders",
+        "known_order_ids",
+        "pending_expiries",
+        "oms_shards",
+        "retained_events",
+        "last_trade_id",
+        # the gateway (gateway/service.py)
+        "stream_subscribers",
+        "credentials_cached",
+        "shard_link_queued",
+        "trade_streams",
+        # the persister (persister/service.py)
+        "committed_position",
+        "complete_position",
+        "buffered_rows",
+        "pending_hydrations",
+        "pending_dedup_lookups",
+        "unknown_users_cached",
+        # the bridge (bridge/statistics.py)
+        "in_flight",
+        "queued",
+        "active",
+    }
+)
+_NOT_A_METRIC_CHARACTER = re.compile(r"[^a-zA-Z0-9_]")
+ACK_LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+
+# One registry per process: the process's own collector, its services' numbers, and
+# the histograms below.
+REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(namespace=PREFIX, registry=REGISTRY)
+ACK_LATENCY = Histogram(
+    f"{PREFIX}_gateway_ack_latency_seconds",
+    "From a place request read by the gateway to its answer sent (PlaceOrder and Trade)",
+    ("api", "outcome"),
+    buckets=ACK_LATENCY_BUCKETS_S,
+    registry=REGISTRY,
+)
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    listen: str = setting(
+        env="OMS_METRICS_LISTEN",
+        default="",
+        help="host:port of the Prometheus scrape endpoint (GET /metrics); empty: none",
+    )
+
+
+class StatusCollector(Collector):
+    """Every service's status numbers in this process, as metrics read at each scrape.
+
+    One collector for all of them: the same name (`applied_position`, say) from two
+    services is one metric with two `service` labels. A service registered again
+    under its name (a host restarted in one process) replaces the earlier one.
+    """
+
+    def __init__(self) -> None:
+        self.sources: dict[str, StatusNumbers] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for service, numbers in sorted(self.sources.items()):
+            for name, value in sorted(numbers().items()):
+                base, _, key = name.partition(".")
+                metric = f"{PREFIX}_{_NOT_A_METRIC_CHARACTER.sub('_', base)}"
+                family = families.get(metric)
+                if family is None:
+                    # One label set per family: a keyed name always carries `key`.
+                    labels = ["service", "key"] if key else ["service"]
+                    kind = GaugeMetricFamily if base in GAUGES else CounterMetricFamily
+                    family = kind(metric, f"status number {base}", labels=labels)
+                    families[metric] = family
+                family.add_metric([service, key] if key else [service], float(value))
+        yield from families.values()
+
+
+STATUS = StatusCollector()
+REGISTRY.register(STATUS)
+
+
+class MetricsEndpoint:
+    """The process's scrape endpoint."""
+
+    def __init__(self, address: str, port: int, stop: Callable[[], None]) -> None:
+        self.address = address
+        self.port = port
+        self._stop = stop
+
+    def close(self) -> None:
+        self._stop()
+
+
+class _Endpoints:
+    """The one endpoint a process serves, started by the first host that asks."""
+
+    current: MetricsEndpoint | None = None
+
+
+def serve_metrics(services: Sequence[tuple[str, StatusNumbers]] = ()) -> MetricsEndpoint | None:
+    """Export `services`' numbers and, if `OMS_METRICS_LISTEN` is set, start the endpoint
+    (once per process)."""
+    for service, numbers in services:
+        STATUS.sources[service] = numbers
+    settings = load_settings(MetricsSettings)
+    if not settings.listen or _Endpoints.current is not None:
+        return _Endpoints.current
+    host, _, port = settings.listen.rpartition(":")
+    server, thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=REGISTRY)
+
+    def stop() -> None:
+        server.shutdown()
+        thread.join(5)
+
+    _Endpoints.current = MetricsEndpoint(host, server.server_port, stop)
+    log.info("metrics.serving", address=f"{host}:{server.server_port}")
+    return _Endpoints.current
+
+
+def numbers_of(status: Callable[[], tuple[Mapping[str, int], Mapping[str, str]]]) -> StatusNumbers:
+    """The numbers of a `GetStatus` source (its text fields are for people, not metrics)."""
+    return lambda: status()[0]
