@@ -394,6 +394,11 @@ class ShardLink:
         except grpc.aio.AioRpcError as error:
             return str(error.code().name)
         finally:
+            # Away before the first await below: the stream is over once this is reached
+            # (a caller or a reader of `state` must not see READY while it is torn down;
+            # a suite once read READY just after the stall that ended it was counted).
+            self.state = LinkState.AWAY
+            self._ready.clear()
             # A call that ended with an error does not stop its request iterator: tell it.
             ended.set()
             call.cancel()
