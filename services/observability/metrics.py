@@ -17,6 +17,8 @@ prometheus-client's own HTTP server in a thread of its own, off the event loop).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from services.settings import load_settings, setting
 
 log = structlog.get_logger(__name__)
 PREFIX = "oms"
+SCRAPE_TIMEOUT_S = 5.0  # a loop this busy is itself the news: that service's numbers wait
 StatusNumbers = Callable[[], Mapping[str, int]]
 
 # Status numbers that go down as well as up. Everything else is monotonic.
@@ -141,12 +144,18 @@ class StatusCollector(Collector):
     """
 
     def __init__(self) -> None:
-        self.sources: dict[str, StatusNumbers] = {}
+        # service -> (its numbers, the event loop that owns the state they read)
+        self.sources: dict[str, tuple[StatusNumbers, asyncio.AbstractEventLoop]] = {}
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
-        for service, numbers in sorted(self.sources.items()):
-            for name, value in sorted(numbers().items()):
+        for service, (numbers, loop) in sorted(self.sources.items()):
+            try:
+                read = _on_loop(numbers, loop)
+            except Exception as error:  # one service's numbers missing, not the scrape
+                log.warning("metrics.source_failed", service=service, error=repr(error))
+                continue
+            for name, value in sorted(read.items()):
                 base, _, key = name.partition(".")
                 metric = f"{PREFIX}_{_NOT_A_METRIC_CHARACTER.sub('_', base)}"
                 family = families.get(metric)
@@ -158,6 +167,23 @@ class StatusCollector(Collector):
                     families[metric] = family
                 family.add_metric([service, key] if key else [service], float(value))
         yield from families.values()
+
+
+def _on_loop(numbers: StatusNumbers, loop: asyncio.AbstractEventLoop) -> Mapping[str, int]:
+    """`numbers()` run on `loop`'s thread: the scrape runs in the HTTP server's thread,
+    and the state it reads is only ever changed, and so only read, on the loop."""
+    if loop.is_closed():
+        raise RuntimeError("its event loop is closed")
+    answer: concurrent.futures.Future[Mapping[str, int]] = concurrent.futures.Future()
+
+    def read() -> None:
+        try:
+            answer.set_result(numbers())
+        except Exception as error:
+            answer.set_exception(error)
+
+    loop.call_soon_threadsafe(read)
+    return answer.result(timeout=SCRAPE_TIMEOUT_S)
 
 
 STATUS = StatusCollector()
@@ -185,8 +211,9 @@ class _Endpoints:
 def serve_metrics(services: Sequence[tuple[str, StatusNumbers]] = ()) -> MetricsEndpoint | None:
     """Export `services`' numbers and, if `OMS_METRICS_LISTEN` is set, start the endpoint
     (once per process)."""
+    loop = asyncio.get_running_loop()
     for service, numbers in services:
-        STATUS.sources[service] = numbers
+        STATUS.sources[service] = (numbers, loop)
     settings = load_settings(MetricsSettings)
     if not settings.listen or _Endpoints.current is not None:
         return _Endpoints.current

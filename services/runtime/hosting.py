@@ -137,6 +137,8 @@ class RuntimeHost(Generic[EgressT]):
             log.info("service.stopped")
 
     def sequencer_numbers(self) -> dict[str, int]:
+        if not self.node.writing:
+            return {}  # a follower has no sequencer until it leads
         statistics = self.node.sequencer.statistics()
         return {
             "records": statistics.batches,

@@ -36,7 +36,7 @@ from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import GroupKeys
 from services.coordination.leadership import Leadership, current_leader
 from services.coordination.replica_registry import ReplicaRegistry
-from services.observability.metrics import numbers_of, serve_metrics
+from services.observability.metrics import serve_metrics
 from services.runtime.collector import settle_long_lived_state
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.errors import LogFencedError
@@ -116,7 +116,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             plan = plan_for(self)
             serve_metrics(
                 [
-                    ("replica", numbers_of(self._status)),
+                    ("replica", self._status_numbers),
                     ("sequencer", self.sequencer_numbers),
                     *plan.metrics,
                 ]
@@ -211,9 +211,28 @@ class ReplicatedHost(RuntimeHost[EgressT]):
         """What `oms.v1.Status/GetStatus` answers on every replica, leader or not: where
         it is in the log and its state's hash there, so replicas can be compared."""
         replica = self.node.replica
+        counters = self._status_numbers()
+        info = {
+            "role": "leader" if self.leading else "follower",
+            "leader": self.leader_address,
+            "prefix": self.replication.keys.prefix.decode(),
+            # At applied_position; equal positions on two replicas must mean equal hashes.
+            "state_hash": replica.machine.state_hash().hex(),
+            # Every checkpoint hash this replica computed lately, "position:hash" each:
+            # replicas that share a position must share its hash (followers check the
+            # leader's logged ones themselves; this lets an operator compare any two).
+            "checkpoints": ",".join(
+                f"{position}:{digest.hex()}" for position, digest in replica.recorded_hashes()
+            ),
+        }
+        return counters, info
+
+    def _status_numbers(self) -> dict[str, int]:
+        """The numbers of `_status` (also the replica's metrics, read at each scrape)."""
+        replica = self.node.replica
         follower, gate, leadership = self.follower, self.gate, self.leadership
         durable = self.node.sequencer.durable_position if self.node.writing else 0
-        counters = {
+        return {
             "leading": int(self.leading),
             "term": self.term,
             "applied_position": replica.applied_position,
@@ -229,20 +248,6 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             "truncated_through": self.truncated_through,
             "compactions": self.compactions,
         }
-        info = {
-            "role": "leader" if self.leading else "follower",
-            "leader": self.leader_address,
-            "prefix": self.replication.keys.prefix.decode(),
-            # At applied_position; equal positions on two replicas must mean equal hashes.
-            "state_hash": replica.machine.state_hash().hex(),
-            # Every checkpoint hash this replica computed lately, "position:hash" each:
-            # replicas that share a position must share its hash (followers check the
-            # leader's logged ones themselves; this lets an operator compare any two).
-            "checkpoints": ",".join(
-                f"{position}:{digest.hex()}" for position, digest in replica.recorded_hashes()
-            ),
-        }
-        return counters, info
 
     def _where(self) -> dict[str, Any]:
         return {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,7 +27,8 @@ from tests.service_process import ROOT, ServiceProcess
 
 MONITORING = ROOT / "k8s" / "monitoring"
 ORDERS = 12
-# Only a replicated group (an etcd log, `--replicas 3`) exports its replica's numbers.
+# Only a replicated group (an etcd log, `--replicas 3`) exports its replica's numbers:
+# test_replica_metrics.py scrapes those.
 REPLICATED_ONLY = {"oms_leading"}
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -44,8 +46,11 @@ async def scraped_mesh(tmp_path: Path, database_url: str) -> AsyncIterator[FullM
 
 
 def scrape(address: str) -> Samples:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except urllib.error.HTTPError as error:
+        raise AssertionError(f"{address}: {error}: {error.read().decode()[-2000:]}") from error
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
