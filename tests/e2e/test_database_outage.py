@@ -8,14 +8,24 @@ the background and keeps working while the check cannot be answered; a key never
 waits for the database; a key disabled in the database is refused once the persister
 can say so, within a TTL.
 
-The mesh here has a PostgreSQL server of its own, so the test can stop it.
+The mesh here has a PostgreSQL server of its own, so the test can take it away: it
+is frozen (SIGSTOP on the server and every backend: it accepts nothing and answers
+nothing, the way a hung or partitioned database behaves) while the persister is
+SIGKILLed, then thawed. It is not stopped and started again: starting it forks the
+server from this process, whose gRPC threads are busy with the load then, and a
+full suite once saw that child die of SIGSEGV before it ran PostgreSQL (gRPC's fork
+handlers are skipped while other threads are inside gRPC).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -63,6 +73,30 @@ async def mesh(
         mesh.stop()
 
 
+def freeze(postgres: EmbeddedPostgres) -> list[int]:
+    """SIGSTOP the server and its backends; the pids stopped."""
+    assert postgres.pid is not None
+    stopped = [postgres.pid, *children(postgres.pid)]
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    return stopped
+
+
+def thaw(stopped: list[int]) -> None:
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
 async def place_one(mesh: FullMesh, account: Account, client_order_id: str) -> gateway_pb2.OrderAck:
     async with account.client(mesh.gateway.address, timeout_s=5.0) as client:
         request = client.place_request(
@@ -80,18 +114,22 @@ async def test_known_keys_trade_through_a_database_outage_and_a_revocation_wins_
         newcomer = await open_account(admin, {"USDT": 10**12})  # its key is never used before
     load = GatewayOrderLoad(mesh.gateway.address, accounts, seed=17, workers=4, pause_s=0.002)
     running = asyncio.create_task(load.run())
+    frozen: list[int] = []
     try:
         await load.wait_accepted(200)
         before = len(load.acknowledged)
         failures_before = sum(load.failures.values())
 
         mesh.persister.kill()
-        await asyncio.to_thread(own_postgres.stop)
+        frozen = freeze(own_postgres)
         outage_began = time.monotonic()
         # Trading goes on: nothing on its path reads the database, keys included.
         await load.wait_accepted(before + DURING_OUTAGE, timeout_s=WAIT_S)
         while time.monotonic() - outage_began < OUTAGE_S:
             await load.wait_accepted(len(load.acknowledged) + 20, timeout_s=WAIT_S)
+        during = len(load.acknowledged) - before
+        elapsed_s = time.monotonic() - outage_began
+        print(f"outage: {during} orders acknowledged in {elapsed_s:.1f} s")  # shown with -s
         assert sum(load.failures.values()) == failures_before, dict(load.failures)
         counters = await gateway_counters(mesh.gateway.address)
         assert counters["credential_refresh_failures"] > 0, counters
@@ -101,7 +139,8 @@ async def test_known_keys_trade_through_a_database_outage_and_a_revocation_wins_
             await place_one(mesh, newcomer, "newcomer-during-outage")
         assert unknown.value.reason == "GATEWAY_ERROR_REASON_UNAVAILABLE", unknown.value
 
-        await asyncio.to_thread(own_postgres.start)
+        thaw(frozen)
+        frozen = []
         await asyncio.to_thread(mesh.persister.start_serving)
         deadline = time.monotonic() + WAIT_S
         while True:
@@ -115,6 +154,7 @@ async def test_known_keys_trade_through_a_database_outage_and_a_revocation_wins_
         assert ack.accepted, ack
         await load.wait_accepted(len(load.acknowledged) + 100, timeout_s=WAIT_S)
     finally:
+        thaw(frozen)
         load.stop.set()
         await running
     await check_after_fault(mesh, load)
