@@ -8,8 +8,9 @@ PlaceOrder`) becomes one metric with the part after the dot as its `key` label.
 Which names are gauges (they go down as well as up) is declared once, here; every
 other status number only ever grows and is a counter (`_total`).
 
-Latency is the one thing a status number cannot carry: `ACK_LATENCY` is a histogram
-the gateway observes on every order it answers.
+Latency is what a status number cannot carry: `ACK_LATENCY` is a histogram the
+gateway observes on every order it answers, `QUEUE_DWELL` one every sequencer observes
+for every submission it takes into a record.
 
 `OMS_METRICS_LISTEN` (host:port) turns the endpoint on (`GET /metrics`, served by
 prometheus-client's own HTTP server in a thread of its own, off the event loop).
@@ -117,6 +118,12 @@ ACK_LATENCY_BUCKETS_S = (
 # the histograms below.
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(namespace=PREFIX, registry=REGISTRY)
+QUEUE_DWELL = Histogram(
+    f"{PREFIX}_sequencer_queue_dwell_seconds",
+    "From a submission's arrival at a log's sequencer to the record holding it being formed",
+    buckets=ACK_LATENCY_BUCKETS_S,
+    registry=REGISTRY,
+)
 ACK_LATENCY = Histogram(
     f"{PREFIX}_gateway_ack_latency_seconds",
     "From a place request read by the gateway to its answer sent (PlaceOrder and Trade)",

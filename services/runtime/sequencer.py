@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
+from services.observability.metrics import QUEUE_DWELL
 from services.runtime.core.log_batch import LogBatch, encode_batch, encode_checkpoint
 from services.runtime.core.replica import Replica
 from services.runtime.core.state_machine import EntryKind
@@ -35,6 +36,9 @@ from services.runtime.log_store import LogStore
 
 log = structlog.get_logger(__name__)
 EgressT = TypeVar("EgressT")
+
+
+observe_dwell = QUEUE_DWELL.observe
 
 
 def wall_clock_ms() -> int:
@@ -247,6 +251,7 @@ class Sequencer(Generic[EgressT]):
             taken_bytes += submission.size_bytes
             entries.extend([(command, payload) for payload in submission.payloads])
             dwell = now_ns - submission.enqueued_ns
+            observe_dwell(dwell / 1e9)
             if dwell > self._window_max_dwell_ns:
                 self._window_max_dwell_ns = dwell
                 self._max_dwell_ns = max(self._max_dwell_ns, dwell)

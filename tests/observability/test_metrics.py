@@ -137,6 +137,7 @@ async def test_every_service_exports_series_that_move_as_orders_flow(
     assert value(shard, "oms_records_total", service="sequencer") > value(
         before["shard"], "oms_records_total", service="sequencer"
     )
+    assert value(shard, "oms_sequencer_queue_dwell_seconds_count") >= 2 * ORDERS
     for duplicate in ("command", "order", "fill"):
         name = f"oms_duplicate_{duplicate}_reached_db_total"
         assert (name, (("service", "persister"),)) in persister, name
