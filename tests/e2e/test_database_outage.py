@@ -13,7 +13,8 @@ is frozen (SIGSTOP on the server and every backend: it accepts nothing and answe
 nothing, the way a hung or partitioned database behaves) while the persister is
 SIGKILLed, then thawed. It is not stopped and started again: starting it forks the
 server from this process, whose gRPC threads are busy with the load then, and a
-full suite once saw that child die of SIGSEGV before it ran PostgreSQL (gRPC's fork
+full suite once saw that child die of SIGSEGV with nothing in PostgreSQL's log (the
+suspect, not proved: it forks, rather than vforks, to change user, and gRPC's fork
 handlers are skipped while other threads are inside gRPC).
 """
 
