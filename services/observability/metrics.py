@@ -41,7 +41,8 @@ StatusNumbers = Callable[[], Mapping[str, int]]
 # Status numbers that go down as well as up. Everything else is monotonic.
 GAUGES = frozenset(
     {
-        # every replicated group (services/runtime/replicated_host.py)
+        # every replicated group (services/runtime/replicated_host.py); `leading` and
+        # `term` also of the leader-only roles (services/serving/leader_only.py)
         "leading",
         "term",
         "applied_position",
@@ -52,7 +53,6 @@ GAUGES = frozenset(
         "pending_entries",
         "last_batch_entries",
         "max_queue_dwell_ms",
-        "window_max_queue_dwell_ms",
         # the shard (services/shard/service.py)
         "resident_users",
         "dehydrating_users",
@@ -79,7 +79,6 @@ GAUGES = frozenset(
         "stream_subscribers",
         "credentials_cached",
         "shard_link_queued",
-        "trade_streams",
         # the persister (persister/service.py)
         "committed_position",
         "complete_position",
@@ -87,14 +86,10 @@ GAUGES = frozenset(
         "pending_hydrations",
         "pending_dedup_lookups",
         "unknown_users_cached",
-        # the bridge (bridge/statistics.py)
-        "in_flight",
-        "queued",
-        "active",
     }
 )
 _NOT_A_METRIC_CHARACTER = re.compile(r"[^a-zA-Z0-9_]")
-ACK_LATENCY_BUCKETS_S = (
+LATENCY_BUCKETS_S = (
     0.0005,
     0.001,
     0.002,
@@ -121,14 +116,14 @@ ProcessCollector(namespace=PREFIX, registry=REGISTRY)
 QUEUE_DWELL = Histogram(
     f"{PREFIX}_sequencer_queue_dwell_seconds",
     "From a submission's arrival at a log's sequencer to the record holding it being formed",
-    buckets=ACK_LATENCY_BUCKETS_S,
+    buckets=LATENCY_BUCKETS_S,
     registry=REGISTRY,
 )
 ACK_LATENCY = Histogram(
     f"{PREFIX}_gateway_ack_latency_seconds",
     "From a place request read by the gateway to its answer sent (PlaceOrder and Trade)",
     ("api", "outcome"),
-    buckets=ACK_LATENCY_BUCKETS_S,
+    buckets=LATENCY_BUCKETS_S,
     registry=REGISTRY,
 )
 
@@ -197,43 +192,26 @@ STATUS = StatusCollector()
 REGISTRY.register(STATUS)
 
 
-class MetricsEndpoint:
-    """The process's scrape endpoint."""
+class _Endpoint:
+    """Whether this process serves its scrape endpoint yet (the first host to ask starts
+    it; the server's thread lives as long as the process)."""
 
-    def __init__(self, address: str, port: int, stop: Callable[[], None]) -> None:
-        self.address = address
-        self.port = port
-        self._stop = stop
-
-    def close(self) -> None:
-        self._stop()
+    started = False
 
 
-class _Endpoints:
-    """The one endpoint a process serves, started by the first host that asks."""
-
-    current: MetricsEndpoint | None = None
-
-
-def serve_metrics(services: Sequence[tuple[str, StatusNumbers]] = ()) -> MetricsEndpoint | None:
+def serve_metrics(services: Sequence[tuple[str, StatusNumbers]] = ()) -> None:
     """Export `services`' numbers and, if `OMS_METRICS_LISTEN` is set, start the endpoint
     (once per process)."""
     loop = asyncio.get_running_loop()
     for service, numbers in services:
         STATUS.sources[service] = (numbers, loop)
     settings = load_settings(MetricsSettings)
-    if not settings.listen or _Endpoints.current is not None:
-        return _Endpoints.current
+    if not settings.listen or _Endpoint.started:
+        return
     host, _, port = settings.listen.rpartition(":")
-    server, thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=REGISTRY)
-
-    def stop() -> None:
-        server.shutdown()
-        thread.join(5)
-
-    _Endpoints.current = MetricsEndpoint(host, server.server_port, stop)
+    server, _ = start_http_server(int(port), addr=host or "0.0.0.0", registry=REGISTRY)
+    _Endpoint.started = True
     log.info("metrics.serving", address=f"{host}:{server.server_port}")
-    return _Endpoints.current
 
 
 def numbers_of(status: Callable[[], tuple[Mapping[str, int], Mapping[str, str]]]) -> StatusNumbers:
