@@ -5,10 +5,20 @@ previous holder resigned or its lease expired) and returns the term: the key's
 create revision, which every write of the term carries as its fencing token
 (etcd refuses a transaction that compares it once the key was re-created).
 `hold()` keeps the lease alive and returns only when it is lost: etcd said the
-lease is gone, or no keep-alive succeeded for longer than the TTL (the holder
-cannot know then that it still leads, so it must act as if it did not: the lease
-may have expired on etcd's side already). The value names the holder, so others
-find the leader's address (`current`).
+lease is gone, or no keep-alive succeeded for longer than `give_up_after_s` (the
+TTL by default).
+
+`certain()` says whether the holder may act as the leader right now: a keep-alive
+etcd answered was sent less than one TTL ago, so etcd cannot have expired the lease
+yet. Past that the holder cannot know that it still leads and must act as if it did
+not; but when etcd was only electing a leader of its own, or briefly unreachable,
+the lease is still there (a new etcd leader extends every lease), and the next
+answered keep-alive proves it: the key was never deleted, so nobody else led
+meanwhile. A holder that fences its writes by the term (`EtcdLogStore`) and stops
+serving reads while uncertain may therefore wait longer than the TTL before it
+gives up (`give_up_after_s`), and ride out an etcd election without a failover.
+
+The value names the holder, so others find the leader's address (`current`).
 """
 
 from __future__ import annotations
@@ -54,12 +64,22 @@ class Leadership:
         self.term = 0
         self.lost = asyncio.Event()
         self.campaigns = 0
-        self._renewed_at = 0.0  # when the last keep-alive that etcd answered was sent
+        self.uncertain_spells = 0  # times the lease went a TTL without an answered renewal
+        # When the last renewal that etcd answered was sent (or the grant, at first):
+        # etcd's expiry is at least one TTL after it. Written by the keeper thread.
+        self._renewed_at = 0.0
+
+    def certain(self) -> bool:
+        """Whether etcd cannot have expired the lease yet (see the module's note)."""
+        if not self.lease or self.lost.is_set():
+            return False
+        return time.monotonic() - self._renewed_at < self.ttl_s
 
     async def campaign(self) -> int:
         """Wait until this process holds the key; the term."""
         while True:
             self.campaigns += 1
+            granting_at = time.monotonic()
             try:
                 lease = await self.session.grant_lease(self.ttl_s)
                 created, entry = await self.session.create(
@@ -71,7 +91,7 @@ class Leadership:
                 continue
             if created and entry is not None:
                 self.lease, self.term = lease, entry.create_revision
-                self._renewed_at = time.monotonic()
+                self._renewed_at = granting_at
                 log.info("leadership.won", key=self.key.decode(), term=self.term)
                 return self.term
             with contextlib.suppress(CoordinationUnavailable):
@@ -90,13 +110,15 @@ class Leadership:
         except (TimeoutError, CoordinationError):
             return  # unavailable, or the history compacted: look again
 
-    async def hold(self) -> None:
-        """Keep the lease alive; raise `LeaseLost` once it is, or may be, gone.
+    async def hold(self, *, give_up_after_s: float | None = None) -> None:
+        """Keep the lease alive; raise `LeaseLost` once etcd says it is gone, or once no
+        renewal was answered for `give_up_after_s` (default and minimum: the TTL).
 
         The renewals run in a thread of their own (`BlockingLeaseRenewer`): a leader
         whose event loop is saturated keeps its lease as long as the process lives."""
         if not self.lease:
             raise LeaseLost("no lease held: campaign first")
+        give_up_s = max(float(self.ttl_s), give_up_after_s or 0.0)
         loop = asyncio.get_running_loop()
         lost: asyncio.Future[str] = loop.create_future()
         stopping = threading.Event()
@@ -110,7 +132,7 @@ class Leadership:
 
         keeper = threading.Thread(
             target=self._renew,
-            args=(self.lease, stopping, report),
+            args=(self.lease, give_up_s, stopping, report),
             name="lease-keeper",
             daemon=True,
         )
@@ -121,26 +143,47 @@ class Leadership:
             stopping.set()
         self._lose(why)
 
-    def _renew(self, lease: int, stopping: threading.Event, report: Callable[[str], None]) -> None:
+    def _renew(
+        self,
+        lease: int,
+        give_up_s: float,
+        stopping: threading.Event,
+        report: Callable[[str], None],
+    ) -> None:
         """The keeper thread: renew every third of the TTL until stopped or lost."""
         interval_s = self.ttl_s / 3
         renewer = BlockingLeaseRenewer(self.session.endpoints, timeout_s=interval_s)
-        renewed_at = self._renewed_at
+        uncertain = False
         try:
             while not stopping.wait(interval_s):
                 sent_at = time.monotonic()
                 try:
                     remaining = renewer.keep_alive(lease)
                 except CoordinationUnavailable as error:
-                    if time.monotonic() - renewed_at >= self.ttl_s:
-                        report(f"no keep-alive for {self.ttl_s} s: {error}")
+                    unanswered_s = time.monotonic() - self._renewed_at
+                    if unanswered_s >= give_up_s:
+                        report(f"no keep-alive answered for {unanswered_s:.1f} s: {error}")
                         return
+                    if unanswered_s >= self.ttl_s and not uncertain:
+                        uncertain = True
+                        self.uncertain_spells += 1
+                        log.warning(
+                            "leadership.uncertain",
+                            key=self.key.decode(),
+                            term=self.term,
+                            unanswered_s=round(unanswered_s, 2),
+                            give_up_s=give_up_s,
+                            error=str(error),
+                        )
                     continue
                 if remaining <= 0:
                     report("etcd says the lease is gone")
                     return
                 # Counted from when the keep-alive was sent: etcd renewed it no earlier.
-                renewed_at = sent_at
+                self._renewed_at = sent_at
+                if uncertain:
+                    uncertain = False
+                    log.info("leadership.certain_again", key=self.key.decode(), term=self.term)
         finally:
             renewer.close()
 

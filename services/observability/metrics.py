@@ -45,6 +45,7 @@ GAUGES = frozenset(
         # `term` also of the leader-only roles (services/serving/leader_only.py)
         "leading",
         "term",
+        "lease_uncertain",
         "applied_position",
         "durable_position",
         "truncated_through",

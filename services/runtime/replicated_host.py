@@ -52,6 +52,12 @@ from services.serving.status_service import register_status
 log = structlog.get_logger(__name__)
 EgressT = TypeVar("EgressT")
 REGISTRY_TTL_S = 10  # a replica gone longer loses its hold on the log's truncation
+# A leader whose renewals go unanswered for a TTL stops serving (`serving_as_leader`)
+# but keeps its term this many TTLs: long enough for etcd to elect a leader of its own
+# (1 to 2 s) and for the renewals to find it on a loaded machine, so losing etcd's
+# leader is no failover. Its appends are fenced by the term meanwhile, and fail after
+# their own deadline (EtcdLogStore), which ends a leader cut off while it has work.
+LEASE_GIVE_UP_TTLS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +97,18 @@ class ReplicatedHost(RuntimeHost[EgressT]):
         self._compacted_at = float("-inf")
 
     @property
+    def serving_as_leader(self) -> bool:
+        """Leading, and sure that etcd has not expired the lease: only then are the
+        leader-only calls (reads from this replica's state among them) served."""
+        leadership = self.leadership
+        return self.leading and leadership is not None and leadership.certain()
+
+    @property
     def leader_address(self) -> str:
-        return self.replication.advertise if self.leading else self._leader_address
+        if self.leading:
+            # Unsure of its lease, it names nobody: callers look the leader up again.
+            return self.replication.advertise if self.serving_as_leader else ""
+        return self._leader_address
 
     async def run(self, plan_for: Callable[[RuntimeHost[EgressT]], HostPlan]) -> None:
         replication = self.replication
@@ -123,7 +139,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             )
             self.gate = gate = LeaderGate(
                 plan.service_names,
-                leading=lambda: self.leading,
+                leading=lambda: self.serving_as_leader,
                 leader_address=lambda: self.leader_address,
             )
             server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=(gate,))
@@ -233,7 +249,9 @@ class ReplicatedHost(RuntimeHost[EgressT]):
         follower, gate, leadership = self.follower, self.gate, self.leadership
         durable = self.node.sequencer.durable_position if self.node.writing else 0
         return {
-            "leading": int(self.leading),
+            "leading": int(self.serving_as_leader),
+            "lease_uncertain": int(self.leading and not self.serving_as_leader),
+            "lease_uncertain_spells": leadership.uncertain_spells if leadership else 0,
             "term": self.term,
             "applied_position": replica.applied_position,
             "durable_position": durable or replica.applied_position,
@@ -291,7 +309,9 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             self._ingress = CommandIngress(node.sequencer)
             self.leading = True
             sequencer = group.create_task(node.run())
-            holding = group.create_task(leadership.hold())
+            holding = group.create_task(
+                leadership.hold(give_up_after_s=LEASE_GIVE_UP_TTLS * leadership.ttl_s)
+            )
             loops = [group.create_task(loop()) for loop in plan.loops]
             for name in plan.service_names:
                 await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
