@@ -2,6 +2,8 @@
 
 The key signs every call: `--api-key/--api-secret/--user-id` or OMS_API_KEY,
 OMS_API_SECRET, OMS_USER_ID; the gateway is `--gateway` or OMS_GATEWAY_ADDRESS.
+Its certificate is checked by OMS_CLIENT_TLS_CA (`oms up` prints the line to export)
+or the system's roots, and the host name dialled; OMS_TLS=off for a plaintext one.
 Amounts are shown as the integers the system keeps (prices in ticks, quantities
 in lots, balances in the asset's minor units). Exit status: 0 done, 1 refused
 (by the gateway, or an order/cancel the shard did not accept), 2 bad usage.

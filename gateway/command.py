@@ -16,6 +16,7 @@ from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing
 from services.serving.service_host import ServiceHost
 from services.settings import SettingsError, load_settings
+from services.transport.tls import PublicListener, TransportSettings
 
 
 def register(subparsers: Any) -> None:
@@ -45,7 +46,10 @@ async def serve(settings: GatewaySettings) -> None:
         gateway = Gateway(settings)
     except (MatcherDirectoryError, MarketCatalogError, SettingsError) as error:
         raise SystemExit(f"oms gateway: {error}") from error
-    host = ServiceHost(settings.listen)
+    # Clients reach the public port with the gateway's public certificate; the
+    # gateway's own channels into the mesh use the mesh's mutual TLS.
+    public = PublicListener.from_settings(load_settings(TransportSettings))
+    host = ServiceHost(settings.listen, listener=public.listen)
     host.install_signal_handlers()
     try:
         await host.run(gateway.plan())

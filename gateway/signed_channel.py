@@ -14,7 +14,7 @@ import grpc
 from google.protobuf.message import Message
 
 from gateway.signing import REASON_TRAILER, signed_metadata
-from services.clients.channels import mesh_channel
+from services.clients.channels import gateway_channel
 
 DEFAULT_TIMEOUT_S = 15.0
 
@@ -60,7 +60,7 @@ class SignedChannel:
         self.clock_ms = clock_ms
         self.timeout_s = timeout_s
         self._own_channel = channel is None
-        self.channel = channel if channel is not None else mesh_channel(address)
+        self.channel = channel if channel is not None else gateway_channel(address)
 
     def metadata(self, method: str, request: Message | None) -> tuple[tuple[str, str], ...]:
         return signed_metadata(self.api_key, self.api_secret, method, request, self.clock_ms())

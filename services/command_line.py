@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from services.settings import SettingsError
+
 # (subcommand, module that provides `register`)
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("up", "services.mesh.command"),
@@ -26,6 +28,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("bridge", "bridge.command"),
     ("reconciler", "services.reconciler.command"),
     ("operator", "k8s.operator.command"),
+    ("tls", "services.transport.command"),
 )
 
 
@@ -53,7 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(argv)
     arguments = parser.parse_args(argv)
     handler = arguments.handler
-    result = handler(arguments)
+    try:
+        result = handler(arguments)
+    except SettingsError as error:
+        # A setting missing or malformed (TLS on without its files, say): one line, no
+        # traceback, and the exit code of bad usage.
+        print(f"oms {arguments.command}: {error}", file=sys.stderr)
+        return 2
     return int(result or 0)
 
 

@@ -2,10 +2,15 @@
 
 Each server starts once per session and only when a test asks for it, so tests that need
 neither pay nothing. OMS_ETCD_ENDPOINTS / OMS_DATABASE_URL point tests at existing servers.
+
+The suite's own processes speak plaintext (`OMS_TLS=off`, inherited by every service
+a test starts) unless a test gives them TLS settings: `tests/transport/` tests TLS
+itself, and a mesh `oms up` starts is TLS by default, its tools reading `mesh.json`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -25,6 +30,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci")
+os.environ["OMS_TLS"] = "off"
 
 
 @pytest.fixture(scope="session")

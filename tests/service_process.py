@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.infra.ports import LOOPBACK, free_port
+from services.transport.tls import MeshTransport
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 30.0
@@ -67,6 +68,9 @@ class ServiceProcess:
         self.environment = dict(environment or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.incarnations = 0
+        # How the test reaches it: plaintext, as the suite runs (`OMS_TLS=off`), unless a
+        # test gives the process TLS settings and this the identity to match.
+        self.transport = MeshTransport.plaintext()
 
     @property
     def address(self) -> str:
@@ -112,7 +116,7 @@ class ServiceProcess:
 
     def health(self, timeout_s: float = 1.0) -> int:
         """The health status of the service (raises grpc.RpcError if unreachable)."""
-        with grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS) as channel:
+        with self.transport.blocking_channel(self.address, CHANNEL_OPTIONS) as channel:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=self.service_name), timeout=timeout_s
             )
@@ -121,7 +125,7 @@ class ServiceProcess:
     def wait_serving(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Poll grpc.health.v1 until the service is SERVING; fail if the child exits."""
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS) as channel:
+        with self.transport.blocking_channel(self.address, CHANNEL_OPTIONS) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             while True:
                 if self.process is None or self.process.poll() is not None:

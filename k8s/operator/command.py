@@ -29,7 +29,11 @@ def register(subparsers: Any) -> None:
 def run(arguments: argparse.Namespace) -> int:
     from k8s.operator import handlers  # noqa: PLC0415
     from services.settings import load_settings  # noqa: PLC0415
+    from services.transport.tls import mesh_transport  # noqa: PLC0415
 
     settings = load_settings(handlers.OperatorSettings)
+    # Its mesh certificate is read now, not at its first call to a shard: with TLS on
+    # and a file missing, the operator stops at start naming the setting.
+    mesh_transport()
     handlers.run(arguments.namespace or [settings.namespace], arguments.liveness)
     return 0

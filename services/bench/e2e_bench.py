@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import itertools
 import math
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -60,7 +61,7 @@ from protos.oms.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, shard_pb2
 from services.bench.latency import summarize_ms
 from services.bench.mesh_launch import LaunchedMesh
 from services.bench.row_lock_design import DesignResult, Workload, best_of
-from services.clients.channels import mesh_channel
+from services.clients.channels import gateway_channel
 from services.infra.local_infra import LocalInfra
 
 SYMBOL = "BTC-USDT"
@@ -118,6 +119,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--shards",
         default="1",
         help="user-shard cluster counts to measure in turn, e.g. 1,2 (each its own mesh)",
+    )
+    parser.add_argument(
+        "--transports",
+        default="tls",
+        help="tls (oms up's default: mutual inside the mesh, the gateway's port checked by"
+        " its authority), plaintext (oms up --plaintext), or both in turn: tls,plaintext",
     )
 
 
@@ -191,20 +198,29 @@ def run(arguments: argparse.Namespace) -> int:
 
 
 def _run_in(state_dir: Path, arguments: argparse.Namespace) -> int:
+    transports = [part.strip() for part in arguments.transports.split(",") if part.strip()]
+    if not transports or set(transports) - {"tls", "plaintext"}:
+        print(f"oms bench e2e: --transports {arguments.transports!r}", file=sys.stderr)
+        return 2
     shapes = [
-        (replicas, shards)
+        (replicas, shards, transport)
         for shards in _counts(arguments.shards)
         for replicas in _counts(arguments.replicas)
+        for transport in transports
     ]
     measured: list[MeshMeasurement] = []
     design_folder: Path | None = None
-    for replicas, shards in shapes:
-        shape = f"{shards} shard cluster(s), {replicas} replica(s) of each shard and matcher group"
-        name = f"shards-{shards}-replicas-{replicas}"
+    for replicas, shards, transport in shapes:
+        shape = (
+            f"{shards} shard cluster(s), {replicas} replica(s) of each shard and matcher group,"
+            f" {'TLS' if transport == 'tls' else 'plaintext'}"
+        )
+        name = f"shards-{shards}-replicas-{replicas}-{transport}"
         folder = state_dir / name if len(shapes) > 1 else state_dir
         design_folder = design_folder or folder
         print(f"starting the mesh ({shape}) under {folder} ...", flush=True)
-        with LaunchedMesh(folder, replicas=replicas, shards=shards) as mesh:
+        plaintext = transport == "plaintext"
+        with LaunchedMesh(folder, replicas=replicas, shards=shards, plaintext=plaintext) as mesh:
             assert mesh.record is not None
             REFUSALS.clear()
             idle, results = uvloop.run(_measure(mesh, arguments))
@@ -253,7 +269,7 @@ async def _measure(
 ) -> tuple[dict[str, float], list[PhaseResult]]:
     record = mesh.record
     assert record is not None
-    async with mesh_channel(record.gateway) as channel:
+    async with gateway_channel(record.gateway) as channel:
         users = await _funded_users(
             channel, record.admin_api_key, record.admin_api_secret, arguments.users
         )

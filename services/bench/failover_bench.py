@@ -64,6 +64,7 @@ from services.infra.settings import InfraSettings
 from services.markets.catalog import Market, MarketCatalogError, load_catalog
 from services.observability.logs import configure_logging
 from services.settings import load_settings, setting
+from services.transport.tls import ClientTransport, MeshTransport, use_transports
 
 BENCH_MESH_ID = "bench-failover"  # the groups' namespace in etcd, apart from any mesh
 REPLICAS = 3
@@ -586,6 +587,9 @@ def _replica_group(
         f"{setting}LEASE_TTL_S": str(lease_ttl_s),
         "OMS_ETCD_ENDPOINTS": ",".join(etcd_endpoints),
         "OMS_MESH_ID": BENCH_MESH_ID,
+        # Plaintext, like the benchmark's own channels (`run`): failover is measured
+        # here, and `oms bench e2e` measures what TLS costs.
+        "OMS_TLS": "off",
     }
     replicas = [
         ReplicaProcess(
@@ -825,6 +829,7 @@ def measure(arguments: argparse.Namespace) -> None:
 def run(arguments: argparse.Namespace) -> int:
     # Warnings only, and on stderr: the clients' info lines would break up the table.
     configure_logging("bench-failover", level="WARNING", json_lines=False)
+    use_transports(MeshTransport.plaintext(), ClientTransport(tls=False))
     try:
         measure(arguments)
     except (FailoverBenchError, MarketCatalogError) as error:

@@ -409,6 +409,7 @@ def _start_service(folder: Path, settings: EngineSettings) -> tuple[subprocess.P
         ),
         "OMS_MATCHER_DEDUP_HORIZON_MS": str(settings.dedup_horizon_ms),
         "OMS_LOG_LEVEL": "WARNING",
+        "OMS_TLS": "off",  # the engine is measured here, not TLS (`oms bench e2e`)
     }
     with (folder / "matcher.log").open("wb") as log:
         process = subprocess.Popen(

@@ -20,6 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.infra.local_infra import LocalInfra, ServerState
 from services.mesh.mesh_record import MeshRecord, read_mesh_record
+from services.transport.development import adopt_mesh_transports
+from services.transport.tls import client_transport, mesh_transport
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
@@ -31,9 +33,16 @@ class MeshLaunchError(RuntimeError):
 
 class LaunchedMesh:
     def __init__(
-        self, state_dir: Path, *, replicas: int = 1, shards: int = 1, active: int | None = None
+        self,
+        state_dir: Path,
+        *,
+        replicas: int = 1,
+        shards: int = 1,
+        active: int | None = None,
+        plaintext: bool = False,
     ) -> None:
         self.state_dir = state_dir
+        self.plaintext = plaintext  # `oms up --plaintext`: no TLS on any link
         self.replicas = replicas  # of the shard and of each matcher group (`oms up --replicas`)
         self.shards = shards  # user-shard clusters (`oms up --shards`)
         self.active = active  # of them active in the first routing document (`--active`)
@@ -65,6 +74,7 @@ class LaunchedMesh:
                     "--shards",
                     str(self.shards),
                     *(["--active", str(self.active)] if self.active is not None else []),
+                    *(["--plaintext"] if self.plaintext else []),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -87,10 +97,13 @@ class LaunchedMesh:
                     f"mesh not serving in {START_TIMEOUT_S:g} s; see {self.log_path}"
                 )
             record = read_mesh_record(self.state_dir)
+            if record is not None:
+                # This process reaches the mesh as `oms up`'s tools do.
+                adopt_mesh_transports(self.state_dir, tls=record.tls)
             # Every replica serves health, followers too: all of them up, then the
             # gateway still waits for the leaders through etcd on the first orders.
             if record is not None and all(
-                _serving(address)
+                _serving(address, gateway=address == record.gateway)
                 for address in (
                     record.gateway,
                     *(a for cluster in record.clusters() for a in cluster.shard_replicas()),
@@ -192,9 +205,10 @@ def _service_name(argv: list[str]) -> str:
     return rest[0]
 
 
-def _serving(address: str) -> bool:
+def _serving(address: str, *, gateway: bool) -> bool:
+    transport = client_transport() if gateway else mesh_transport()
     try:
-        with grpc.insecure_channel(address) as channel:
+        with transport.blocking_channel(address, ()) as channel:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=1.0
             )

@@ -38,7 +38,7 @@ from gateway.client import AdminClient, GatewayCallError, OmsClient
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from services.bench.latency import summarize_ms
 from services.bench.mesh_launch import LaunchedMesh
-from services.clients.channels import mesh_channel
+from services.clients.channels import gateway_channel
 from services.coordination.etcd_session import EtcdSession
 from services.routing.routing_store import RoutingStore
 from services.routing.shard_probe import ShardProbe
@@ -124,7 +124,7 @@ async def _measure(
     )
     async with (
         EtcdSession(endpoints) as session,
-        mesh_channel(record.gateway) as channel,
+        gateway_channel(record.gateway) as channel,
     ):
         store = RoutingStore(session, record.mesh_id)
         settings = WaveSettings(wave_size=arguments.wave_size)

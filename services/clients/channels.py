@@ -14,6 +14,7 @@ import grpc
 
 from services.coordination.addresses import AddressSource
 from services.coordination.errors import CoordinationUnavailable
+from services.transport.tls import client_transport, mesh_transport
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -37,7 +38,15 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
 
 
 def mesh_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    """A channel to a mesh service, mutual TLS unless the mesh is plaintext
+    (`services/transport/tls.py`)."""
+    return mesh_transport().channel(address, CHANNEL_OPTIONS)
+
+
+def gateway_channel(address: str) -> grpc.aio.Channel:
+    """A client's channel to the gateway's public port: TLS checked by the client's
+    authority and the host name, unless plaintext."""
+    return client_transport().channel(address, CHANNEL_OPTIONS)
 
 
 @contextlib.asynccontextmanager

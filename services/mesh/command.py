@@ -38,6 +38,7 @@ from services.routing.core.routing_changes import first_document
 from services.routing.core.routing_document import RoutingDocumentError
 from services.routing.routing_store import RoutingStore
 from services.settings import load_settings
+from services.transport.development import DevelopmentTls, adopt_mesh_transports
 
 
 def register(subparsers: Any) -> None:
@@ -66,11 +67,21 @@ def register(subparsers: Any) -> None:
         help="replicas of the shard and of each matcher group (1: file logs, the light"
         " default; 3: logs in etcd, a leader elected per group, failover)",
     )
+    parser.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="no TLS (by default every link is TLS: mutual inside the mesh, the gateway's"
+        " public port checked by the development authority under state_dir/tls)",
+    )
     parser.set_defaults(handler=run_up)
 
 
 def mesh_children(
-    endpoints: InfraEndpoints, state_dir: Path, record: MeshRecord
+    endpoints: InfraEndpoints,
+    state_dir: Path,
+    record: MeshRecord,
+    *,
+    tls: DevelopmentTls | None = None,
 ) -> list[ChildSpec]:
     """The services of the mesh, in start order; each is an `oms <service>` process.
 
@@ -78,6 +89,9 @@ def mesh_children(
     yet retry with backoff, so start order is a courtesy, not a requirement. With
     replicas, the shard and each matcher group run that many replicas whose log is
     in etcd, and every other service finds each group's leader in etcd.
+
+    With `tls`, each service gets its own certificate from the development authority
+    (and the gateway its public one too); without, `OMS_TLS=off`.
     """
     replicated = record.replicated
     clusters = record.clusters()
@@ -153,11 +167,18 @@ def mesh_children(
     for name, argv, _ in services:
         listen = argv[argv.index("--listen") + 1]
         print(f"[mesh] {name:<15} will listen on {listen}, metrics on {metrics[name]}", flush=True)
+
+    def transport(name: str) -> dict[str, str]:
+        if tls is None:
+            return {"OMS_TLS": "off"}
+        own = tls.service_environment(name)
+        return {**own, **tls.gateway_environment()} if name == "gateway" else own
+
     return [
         ChildSpec(
             name,
             [sys.executable, "-m", "services.command_line", *argv],
-            {**environment, **extra, "OMS_METRICS_LISTEN": metrics[name]},
+            {**environment, **extra, **transport(name), "OMS_METRICS_LISTEN": metrics[name]},
             address=argv[argv.index("--listen") + 1],
         )
         for name, argv, extra in services
@@ -197,16 +218,28 @@ def run_up(arguments: argparse.Namespace) -> int:
         if started_here:
             infra.down()
         return 1
-    children = mesh_children(endpoints, infra.state_dir, record)
-    # Where each child serves its metrics, for Prometheus, `oms bench` and tests to find.
+    tls = None if arguments.plaintext else DevelopmentTls.under(infra.state_dir)
+    children = mesh_children(endpoints, infra.state_dir, record, tls=tls)
+    # This process checks the services' readiness over the mesh's own transport.
+    adopt_mesh_transports(infra.state_dir, tls=tls is not None)
+    # Where each child serves its metrics, for Prometheus, `oms bench` and tests to find;
+    # whether the mesh speaks TLS, for the tools reading the record.
     write_mesh_record(
         infra.state_dir,
         replace(
             record,
             metrics={child.name: child.environment["OMS_METRICS_LISTEN"] for child in children},
+            tls=tls is not None,
         ),
     )
     print(f"[mesh] gateway {record.gateway}; try `oms demo` in another terminal", flush=True)
+    if tls is not None:
+        for who, variables in (
+            ("`oms client`", tls.client_environment()),
+            ("`omsctl`", tls.operator_environment()),
+        ):
+            line = " ".join(f"{key}={value}" for key, value in variables.items())
+            print(f"[mesh] TLS on; {who} from a shell: export {line}", flush=True)
     try:
         asyncio.run(_supervise(children))
     except MeshFailedError as error:

@@ -22,6 +22,7 @@ from gateway.client import AdminClient, GatewayCallError, OmsClient
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from services.infra.settings import DEFAULT_STATE_DIR
 from services.mesh.mesh_record import read_mesh_record
+from services.transport.development import adopt_mesh_transports
 
 SYMBOL = "BTC-USDT"
 PRICE_TICKS = 6_500_000  # 65,000.00 USDT per BTC (a tick is 0.01 USDT per BTC)
@@ -53,6 +54,8 @@ def run(arguments: argparse.Namespace) -> int:
             f"oms demo: no mesh found under {state_dir}; start one with `make run`", file=sys.stderr
         )
         return 2
+    if record is not None:
+        adopt_mesh_transports(state_dir, tls=record.tls)
     try:
         asyncio.run(_demo(gateway, admin_key, admin_secret))
     except GatewayCallError as error:

@@ -75,6 +75,10 @@ class MeshRecord:
     other_clusters: list[ClusterRecord] = field(default_factory=list)  # s2..sN
     # Each service's Prometheus endpoint (`GET /metrics`), by the name `oms up` gives it.
     metrics: dict[str, str] = field(default_factory=dict)
+    # Whether its links are TLS, with the development authority under state_dir/tls
+    # (`services/transport/development.py`); False without `oms up --plaintext`'s
+    # opposite, and in a record written before TLS existed.
+    tls: bool = False
 
     @property
     def replicated(self) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.clients.channels import mesh_channel
+from services.clients.channels import gateway_channel, mesh_channel
 
 POLL_INTERVAL_S = 0.5
 
@@ -27,8 +27,12 @@ async def serving(stub: health_pb2_grpc.HealthStub) -> bool:
 
 
 async def report_readiness(addresses: Mapping[str, str]) -> None:
-    """Run until cancelled; `addresses` maps a service name to host:port."""
-    channels = {name: mesh_channel(address) for name, address in addresses.items()}
+    """Run until cancelled; `addresses` maps a service name to host:port. The gateway
+    is reached on its public port as a client would; the others as mesh peers."""
+    channels = {
+        name: (gateway_channel if name == "gateway" else mesh_channel)(address)
+        for name, address in addresses.items()
+    }
     stubs = {name: health_pb2_grpc.HealthStub(channel) for name, channel in channels.items()}
     known: dict[str, bool] = {}
     announced = False

@@ -27,6 +27,8 @@ from services.runtime.collector import settle_long_lived_state
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.ingress import CommandIngress
 from services.runtime.node import RecoveryReport, RuntimeNode
+from services.serving.health_probe import serve_health_probe
+from services.transport.tls import mesh_transport
 
 log = structlog.get_logger(__name__)
 EgressT = TypeVar("EgressT")
@@ -111,11 +113,12 @@ class RuntimeHost(Generic[EgressT]):
         server = grpc.aio.server(options=SERVER_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         plan.register(server)
-        self.bound_port = server.add_insecure_port(self.listen_address)
+        self.bound_port = mesh_transport().listen(server, self.listen_address)
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {self.listen_address}")
         self._server = server
         await server.start()
+        probe = await serve_health_probe(self.health)
         for name in ("", *plan.service_names):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("service.serving", address=self.listen_address, port=self.bound_port)
@@ -132,6 +135,8 @@ class RuntimeHost(Generic[EgressT]):
                     task.cancel()
                 self.node.stop()
         finally:
+            if probe is not None:
+                await probe.stop(0)
             self.feed.close()
             await self.node.close()
             log.info("service.stopped")

@@ -47,7 +47,9 @@ from services.runtime.leader_gate import LeaderGate
 from services.runtime.log_follower import LogFollower
 from services.runtime.node import RuntimeNode
 from services.runtime.snapshot_transfer import SnapshotServer, install_from_peers
+from services.serving.health_probe import serve_health_probe
 from services.serving.status_service import register_status
+from services.transport.tls import mesh_transport
 
 log = structlog.get_logger(__name__)
 EgressT = TypeVar("EgressT")
@@ -147,11 +149,12 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             register_status(server, "replica", self._status)
             self.snapshot_server.register(server)
             plan.register(server)
-            self.bound_port = server.add_insecure_port(self.listen_address)
+            self.bound_port = mesh_transport().listen(server, self.listen_address)
             if self.bound_port == 0:
                 raise OSError(f"cannot listen on {self.listen_address}")
             self._server = server
             await server.start()
+            probe = await serve_health_probe(self.health)
             await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
             for name in plan.service_names:
                 await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -172,6 +175,8 @@ class ReplicatedHost(RuntimeHost[EgressT]):
                 self.feed.close()
                 with contextlib.suppress(Exception):
                     await server.stop(0)
+                    if probe is not None:
+                        await probe.stop(0)
                 await leadership.resign()
                 await node.close()
                 await registry.leave()

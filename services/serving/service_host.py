@@ -26,12 +26,16 @@ from grpc_health.v1._async import HealthServicer
 
 from services.clients.channels import SERVER_OPTIONS
 from services.observability.metrics import numbers_of, serve_metrics
+from services.serving.health_probe import serve_health_probe
 from services.serving.status_service import STATUS_SERVICE, StatusSource, register_status
+from services.transport.tls import mesh_transport
 
 log = structlog.get_logger(__name__)
 
 ServicerRegistration = Callable[[grpc.aio.Server], None]
 BackgroundLoop = Callable[[], Coroutine[Any, Any, None]]
+# Binds a server to an address with its credentials; the port (0: could not bind).
+Listener = Callable[[grpc.aio.Server, str], int]
 
 
 @dataclass
@@ -47,8 +51,12 @@ class ServicePlan:
 
 
 class ServiceHost:
-    def __init__(self, listen_address: str, *, grace_s: float = 5.0) -> None:
+    def __init__(
+        self, listen_address: str, *, grace_s: float = 5.0, listener: Listener | None = None
+    ) -> None:
         self.listen_address = listen_address
+        # The mesh's mutual TLS unless told otherwise (the gateway's public port).
+        self.listener = listener if listener is not None else mesh_transport().listen
         self.grace_s = grace_s
         self.health = HealthServicer()
         self.bound_port = 0
@@ -72,10 +80,11 @@ class ServiceHost:
         plan.register(server)
         register_status(server, plan.name, plan.status)
         serve_metrics([(plan.name, numbers_of(plan.status))])
-        self.bound_port = server.add_insecure_port(self.listen_address)
+        self.bound_port = self.listener(server, self.listen_address)
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {self.listen_address}")
         await server.start()
+        probe = await serve_health_probe(self.health)
         names = ("", STATUS_SERVICE, *plan.service_names)
         for name in names:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -97,4 +106,6 @@ class ServiceHost:
         finally:
             with contextlib.suppress(Exception):
                 await server.stop(0)
+                if probe is not None:
+                    await probe.stop(0)
             log.info("service.stopped", service=plan.name)

@@ -8,6 +8,10 @@ what the design asks of the deployment: each group's replicas in a StatefulSet w
 a budget that keeps a leader and a follower, probes on the gRPC health service and
 resource requests on every mesh container, a user-shard pod holding its shard, its
 persister, its bridge and its reconciler, and every name a pod refers to present.
+And transport security: every gRPC probe on the container's plaintext health-only
+port (`OMS_HEALTH_LISTEN`: Kubernetes probes speak no TLS), every container of the
+mesh with its own certificate's Secret mounted and named by `OMS_TLS_*`, TLS on in
+the base and off in the development overlay.
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 KUSTOMIZATIONS = ("base", "overlays/development")
 MESH_IMAGE = "oms-mesh"
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+TLS_DIR = "/etc/oms/tls"
+TLS_FILES = {"OMS_TLS_CA": "ca.crt", "OMS_TLS_CERT": "tls.crt", "OMS_TLS_KEY": "tls.key"}
+PUBLIC_TLS_DIR = "/etc/oms/public-tls"
+PUBLIC_TLS_FILES = {"OMS_GATEWAY_TLS_CERT": "tls.crt", "OMS_GATEWAY_TLS_KEY": "tls.key"}
 Manifest = dict[str, Any]
 
 
@@ -70,6 +79,45 @@ def check_oms_cluster(resource: Manifest) -> None:
 def containers(workload: Manifest) -> list[Manifest]:
     found: list[Manifest] = workload["spec"]["template"]["spec"]["containers"]
     return found
+
+
+def workloads(objects: tuple[Manifest, ...]) -> list[Manifest]:
+    return [*of_kind(objects, "StatefulSet"), *of_kind(objects, "Deployment")]
+
+
+def env_values(container: Manifest) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def port_of(address: str | None) -> int | None:
+    """The port of a `host:port` setting."""
+    return int(address.rpartition(":")[2]) if address else None
+
+
+def is_mesh_service(container: Manifest) -> bool:
+    """An `oms` service of the mesh: a gRPC server (`--listen`), mutual TLS on its port."""
+    args = container.get("args", [])
+    return container["image"].startswith(MESH_IMAGE) and "--listen" in args
+
+
+def dials_the_mesh(container: Manifest) -> bool:
+    """A container with a mesh certificate: the services, and the operator (it asks the
+    shards for their routing state over the mesh's channels, and serves no gRPC)."""
+    args = container.get("args", [])
+    return is_mesh_service(container) or (
+        container["image"].startswith(MESH_IMAGE) and args[:1] == ["operator"]
+    )
+
+
+def secret_mounted_at(workload: Manifest, container: Manifest, path: str) -> Manifest:
+    """The secret volume `container` mounts at `path`, read-only (a failed assert if none)."""
+    (mount,) = [m for m in container.get("volumeMounts", []) if m["mountPath"] == path]
+    assert mount.get("readOnly") is True, (container["name"], mount)
+    volumes = workload["spec"]["template"]["spec"].get("volumes", [])
+    (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+    assert "secret" in volume, (container["name"], volume)
+    secret: Manifest = volume["secret"]
+    return secret
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
@@ -147,8 +195,7 @@ def test_each_group_is_a_statefulset_with_a_budget_probes_and_requests(kustomiza
             assert "readinessProbe" in container and "livenessProbe" in container, container
             assert container["resources"]["requests"]["cpu"], container["name"]
             if container["name"] != "operator":
-                port = container["ports"][0]["containerPort"]
-                assert container["readinessProbe"]["grpc"]["port"] == port, container["name"]
+                assert "grpc" in container["readinessProbe"], container["name"]
 
 
 def test_a_user_shard_pod_holds_the_shard_its_persister_bridge_and_reconciler() -> None:
@@ -196,3 +243,78 @@ def test_every_config_map_and_service_account_a_pod_names_exists(kustomization: 
     if kustomization == "overlays/development":
         secrets = {s["metadata"]["name"] for s in of_kind(objects, "Secret")}
         assert {"oms-database", "oms-admin"} <= secrets
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_grpc_probe_targets_the_plaintext_health_port(kustomization: str) -> None:
+    # The service's own port is mutual TLS, which a kubelet's gRPC probe cannot speak:
+    # probes go to the health-only port OMS_HEALTH_LISTEN opens, declared and named.
+    probed = set()
+    for workload in workloads(rendered(kustomization)):
+        names = []
+        for container in containers(workload):
+            declared = {p["containerPort"]: p.get("name", "") for p in container.get("ports", [])}
+            names += [name for name in declared.values() if name]
+            health = port_of(env_values(container).get("OMS_HEALTH_LISTEN"))
+            if is_mesh_service(container):
+                listen = container["args"][container["args"].index("--listen") + 1]
+                assert health is not None, container["name"]
+                assert health != port_of(listen), container["name"]
+            if health is not None:
+                assert declared.get(health), (container["name"], health, declared)
+            for kind in PROBES:
+                grpc = container.get(kind, {}).get("grpc")
+                if grpc is None:
+                    continue
+                assert grpc["port"] == health, (workload["metadata"]["name"], container["name"])
+                probed.add(container["name"])
+        assert all(len(name) <= 15 for name in names), names
+        assert len(names) == len(set(names)), (workload["metadata"]["name"], names)
+    assert {"gateway", "matcher", "shard", "persister", "bridge", "reconciler"} <= probed
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_mesh_container_mounts_its_own_certificate(kustomization: str) -> None:
+    # One Secret per service (cert-manager's layout: ca.crt, tls.crt, tls.key), optional
+    # so a plaintext mesh needs none, and OMS_TLS_* naming its files.
+    seen = {}
+    for workload in workloads(rendered(kustomization)):
+        pod_secrets = []
+        for container in containers(workload):
+            if not dials_the_mesh(container):
+                continue
+            env = env_values(container)
+            secret = secret_mounted_at(workload, container, TLS_DIR)
+            assert secret.get("optional") is True, secret
+            assert secret["secretName"] == f"oms-tls-{container['name']}", secret
+            for variable, file in TLS_FILES.items():
+                assert env.get(variable) == f"{TLS_DIR}/{file}", (container["name"], variable)
+            pod_secrets.append(secret["secretName"])
+            seen[container["name"]] = secret["secretName"]
+            if container["name"] == "gateway":
+                public = secret_mounted_at(workload, container, PUBLIC_TLS_DIR)
+                assert public == {"secretName": "oms-gateway-public-tls", "optional": True}
+                for variable, file in PUBLIC_TLS_FILES.items():
+                    assert env.get(variable) == f"{PUBLIC_TLS_DIR}/{file}", variable
+        assert len(pod_secrets) == len(set(pod_secrets)), pod_secrets
+    services = ("gateway", "matcher", "shard", "persister", "bridge", "reconciler", "operator")
+    assert set(seen) == set(services), seen
+
+
+@pytest.mark.parametrize(
+    ("kustomization", "tls"), [("base", "on"), ("overlays/development", "off")]
+)
+def test_tls_is_on_in_the_base_and_off_in_development(kustomization: str, tls: str) -> None:
+    (mesh,) = [
+        m
+        for m in of_kind(rendered(kustomization), "ConfigMap")
+        if m["metadata"]["name"] == "oms-mesh"
+    ]
+    assert mesh["data"]["OMS_TLS"] == tls
+    for workload in workloads(rendered(kustomization)):
+        for container in containers(workload):
+            if dials_the_mesh(container):
+                # The switch comes from the shared ConfigMap, never a container's own env.
+                assert "OMS_TLS" not in env_values(container), container["name"]
+                sources = [s.get("configMapRef", {}).get("name") for s in container["envFrom"]]
+                assert "oms-mesh" in sources, container["name"]

@@ -16,7 +16,7 @@ from k8s.operator.cluster_objects import (
     cluster_objects,
 )
 from k8s.operator.mesh_spec import MeshSpec, OmsClusterSpecError
-from tests.k8s.test_manifests import rendered
+from tests.k8s.test_manifests import PROBES, rendered
 
 
 def test_a_clone_of_s1_is_a_valid_cluster_s3_that_names_s1_nowhere() -> None:
@@ -54,6 +54,15 @@ def test_a_clone_of_s1_is_a_valid_cluster_s3_that_names_s1_nowhere() -> None:
     # s1's objects are untouched, and the clone's pods are not s1's or s2's.
     (original,) = [i for i in cluster_objects(base, "s1") if i["kind"] == "StatefulSet"]
     assert original["spec"]["selector"]["matchLabels"][CLUSTER_LABEL] == "s1"
+    # Everything else of the pod is s1's as it is: its ports (the services' and their
+    # health-only ones), probes, certificates' Secrets and where they are mounted.
+    pod, source_pod = workload["spec"]["template"]["spec"], original["spec"]["template"]["spec"]
+    assert pod["volumes"] == source_pod["volumes"]
+    for container, source in zip(pod["containers"], source_pod["containers"], strict=True):
+        for field in ("args", "ports", "volumeMounts", *PROBES):
+            assert container.get(field) == source.get(field), (container["name"], field)
+        plain = {e["name"]: e.get("value") for e in container["env"] if "value" in e}
+        assert plain == {e["name"]: e.get("value") for e in source["env"] if "value" in e}
 
 
 def test_a_source_that_is_not_a_whole_cluster_is_refused() -> None:

@@ -13,9 +13,13 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.infra.local_infra import LocalInfra, ServerState
+from services.mesh.mesh_record import read_mesh_record
+from services.transport.development import DevelopmentTls
 from tests.bridge.bridge_process import service_status
 from tests.replication.replicated_mesh import (
     ReplicatedMesh,
@@ -77,8 +81,18 @@ def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path
         _wait_for(lines, "[mesh] all services serving", seen, 90)
         running = {status.name: status.state for status in LocalInfra(state_dir).status()}
         assert running == {"etcd": ServerState.RUNNING, "postgres": ServerState.RUNNING}
+        # TLS by default: the demo reached the gateway by the development authority and
+        # every service reached the others by their certificates; a plaintext caller
+        # is refused by the gateway and by the shard alike.
         shown = _demo(state_dir, environment)
         assert "USDT  total           80,461.00 USDT" in shown, shown
+        record = read_mesh_record(state_dir)
+        assert record is not None and record.tls
+        for address in (record.gateway, record.shard):
+            assert not _plaintext_health(address), address
+        tls = DevelopmentTls.under(state_dir)
+        with tls.operator_transport().blocking_channel(record.shard, ()) as channel:
+            assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
         _wait_for(lines, "[mesh] stopped", seen, 10)
@@ -89,6 +103,22 @@ def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path
             process.kill()
             process.wait()
         LocalInfra(state_dir).down()
+
+
+def _health(channel: grpc.Channel) -> int:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    return int(reply.status)
+
+
+def _plaintext_health(address: str) -> bool:
+    """Whether a plaintext caller gets an answer from `address`."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            _health(channel)
+        except grpc.RpcError as refused:
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE  # the handshake failed
+            return False
+    return True
 
 
 def _demo(state_dir: Path, environment: dict[str, str]) -> str:

@@ -8,7 +8,8 @@ under /oms/v1/<mesh id>/), and a mesh's keys are never deleted, so the session's
 would keep every replicated mesh's logs and leases to the end of the run.
 
 Everything is found through `state_dir/mesh.json`; a group's leader through the
-replicas' `oms.v1.Status`. Stopping sends SIGINT like Ctrl-C, and always reaps.
+replicas' `oms.v1.Status`. Plaintext (`oms up --plaintext`), like the rest of the
+suite. Stopping sends SIGINT like Ctrl-C, and always reaps.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class ReplicatedMesh:
             self.environment["OMS_DATABASE_URL"] = self.database_url
             command = [sys.executable, "-m", "services.command_line", "up"]
             command += ["--replicas", str(self.replicas), "--shards", str(self.shards)]
+            # Replication and sharding are what these tests are about, read through the
+            # replicas' status in plaintext; `tests/mesh/test_oms_up.py` runs TLS's default.
+            command += ["--plaintext"]
             self.process = subprocess.Popen(
                 [*command, "--state-dir", str(self.state_dir)],
                 stdout=subprocess.PIPE,

@@ -1,0 +1,45 @@
+"""A plaintext port serving only `grpc.health.v1`, for probes that cannot present a
+client certificate (Kubernetes' gRPC probes speak no TLS at all).
+
+`OMS_HEALTH_LISTEN` (host:port) turns it on. It shares the service's own
+`HealthServicer`, so it answers exactly what the mutual-TLS port would: SERVING,
+NOT_SERVING while stopping, a follower's per-service NOT_SERVING. It serves
+nothing else, so the mesh's calls stay behind the certificate check; what it
+tells a stranger is whether the process is up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from services.settings import load_settings, setting
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class HealthProbeSettings:
+    listen: str = setting(
+        env="OMS_HEALTH_LISTEN",
+        default="",
+        help="host:port of a plaintext health-only port (Kubernetes probes); unset: none",
+    )
+
+
+async def serve_health_probe(health: HealthServicer) -> grpc.aio.Server | None:
+    """Start the probe port if it is configured; the caller stops the server it returns."""
+    address = load_settings(HealthProbeSettings).listen
+    if not address:
+        return None
+    server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"OMS_HEALTH_LISTEN={address}: cannot listen")
+    await server.start()
+    log.info("health_probe.serving", address=address)
+    return server

@@ -1,0 +1,1 @@
+"""Transport security: the mesh's certificates and the TLS credentials of its gRPC links."""
