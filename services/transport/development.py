@@ -11,6 +11,7 @@ files come from the deployment's PKI (`k8s/README.md`).
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,8 @@ class DevelopmentTls:
         if certificate_path.exists() and key_path.exists():
             return Identity.read(certificate_path, key_path)
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        made = new_authority(f"OMS development authority ({self.folder})")
+        # A common name holds at most 64 characters: a random tag tells folders apart.
+        made = new_authority(f"OMS development authority {secrets.token_hex(4)}")
         made.write(certificate_path, key_path)
         return made
 
