@@ -6,6 +6,8 @@
   is answered with the original result and moves no money twice.
 - HaltSymbol / ResumeSymbol: the matcher group that owns the symbol.
 - KillSwitch: every matcher group (a user's orders may rest in any of them).
+- CreateApiKey / ListApiKeys / RevokeApiKey / RotateApiKey: a user's keys
+  (`gateway/key_admin.py`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 import grpc
 
 from gateway.acks import transfer_ack, transfer_command
+from gateway.authentication import caller
 from gateway.clusters import PersisterPool
+from gateway.key_admin import KeyAdmin
 from gateway.matcher_control import MatcherControl
 from gateway.routing import ShardRouter
 from gateway.validation import RequestValidator, check_user_id
@@ -44,12 +48,15 @@ class AdminService:
         self.router = router
         self.persister = persister
         self.matchers = matchers
+        self.keys = KeyAdmin(persister)
 
     async def create_user(
         self, request: gateway_pb2.CreateUserRequest, context: Context
     ) -> gateway_pb2.CreateUserResponse:
         self.validator.new_user(request)
-        new_user = persister_pb2.NewUser(user_id=request.user_id, tier=request.tier)
+        new_user = persister_pb2.NewUser(
+            user_id=request.user_id, tier=request.tier, actor=caller.get().api_key
+        )
         new_user.risk_limits.CopyFrom(request.risk_limits)
         created = await self.persister.create_user(new_user)
         return gateway_pb2.CreateUserResponse(
@@ -126,6 +133,10 @@ class AdminService:
             "HaltSymbol": call(self.halt_symbol, g.HaltSymbolRequest, g.AdminAck),
             "ResumeSymbol": call(self.resume_symbol, g.ResumeSymbolRequest, g.AdminAck),
             "KillSwitch": call(self.kill_switch, g.KillSwitchRequest, g.AdminAck),
+            "CreateApiKey": call(self.keys.create, g.CreateApiKeyRequest, g.ApiKeyCreated),
+            "ListApiKeys": call(self.keys.list, g.ListApiKeysRequest, g.ApiKeys),
+            "RevokeApiKey": call(self.keys.revoke, g.RevokeApiKeyRequest, g.ApiKey),
+            "RotateApiKey": call(self.keys.rotate, g.RotateApiKeyRequest, g.ApiKeyCreated),
         }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)

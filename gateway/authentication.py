@@ -4,9 +4,12 @@ A call carries its key id, timestamp and signature in metadata (gateway.proto
 header; the scheme itself is in `gateway.signing`, shared with the clients).
 Order of checks: credentials present, timestamp inside the window (before any
 lookup, so replayed junk costs no persister call), key known, signature valid
-(constant-time). Then the account: a user key acts only on its own user id, and
-the admin key on no account at all. `gateway.interceptor` applies all of it to
-every call; the Trade stream applies `authorize_account` to each request.
+(HMAC compared in constant time, or Ed25519 verified against the user's public
+key), key not expired (KEY_EXPIRED), key holding the method's scope (trading
+methods need TRADE, the others READ: SCOPE_REQUIRED). Then the account: a user
+key acts only on its own user id, and the admin key on no account at all.
+`gateway.interceptor` applies all of it to every call; the Trade stream applies
+`authorize_account` to each request.
 """
 
 from __future__ import annotations
@@ -18,22 +21,33 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from gateway.credentials import CredentialDirectory, KeyHolder
+from gateway.credentials import READ, TRADE, CredentialDirectory, KeyHolder
 from gateway.errors import GatewayError
 from gateway.signing import (
     API_KEY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
+    ed25519_matches,
     signature,
     signature_matches,
     signed_body,
+    signed_text,
 )
 from gateway.statistics import GatewayCounters
-from protos.oms.v1 import gateway_pb2
+from protos.oms.v1 import common_pb2, gateway_pb2
 
 ORDER_SERVICE_PREFIX = "/oms.v1.OrderGateway/"
 ADMIN_SERVICE_PREFIX = "/oms.v1.AdminGateway/"
 G = gateway_pb2
+ED25519 = common_pb2.API_KEY_KIND_ED25519
+# What a key needs the TRADE scope for; every other call of the order service, READ.
+TRADING_METHODS = frozenset(
+    {
+        f"{ORDER_SERVICE_PREFIX}PlaceOrder",
+        f"{ORDER_SERVICE_PREFIX}CancelOrder",
+        f"{ORDER_SERVICE_PREFIX}Trade",
+    }
+)
 
 AUTH_REASONS = frozenset(
     {
@@ -43,6 +57,8 @@ AUTH_REASONS = frozenset(
         G.GATEWAY_ERROR_REASON_STALE_TIMESTAMP,
         G.GATEWAY_ERROR_REASON_NOT_YOUR_ACCOUNT,
         G.GATEWAY_ERROR_REASON_ADMIN_REQUIRED,
+        G.GATEWAY_ERROR_REASON_KEY_EXPIRED,
+        G.GATEWAY_ERROR_REASON_SCOPE_REQUIRED,
     }
 )
 VALIDATION_REASONS = frozenset(
@@ -116,9 +132,30 @@ class Authenticator:
         holder = await self.credentials.holder(api_key)
         if holder is None:
             raise GatewayError(G.GATEWAY_ERROR_REASON_UNKNOWN_KEY, "unknown or disabled api key")
-        expected = signature(holder.secret, timestamp_ms, method, signed_body(method, request))
-        if not signature_matches(expected, offered):
+        body = signed_body(method, request)
+        if holder.kind == ED25519:
+            matches = ed25519_matches(
+                holder.public_key, signed_text(timestamp_ms, method, body), offered
+            )
+        else:
+            # An empty secret would let anyone sign: such a holder matches nothing.
+            expected = signature(holder.secret, timestamp_ms, method, body)
+            matches = bool(holder.secret) and signature_matches(expected, offered)
+        if not matches:
             raise GatewayError(G.GATEWAY_ERROR_REASON_BAD_SIGNATURE, "signature does not match")
+        if holder.expires_at_ms and self.wall_clock_ms() >= holder.expires_at_ms:
+            raise GatewayError(
+                G.GATEWAY_ERROR_REASON_KEY_EXPIRED,
+                f"api key {holder.api_key} expired at {holder.expires_at_ms} ms",
+            )
+        if not holder.admin and method.startswith(ORDER_SERVICE_PREFIX):
+            needed = TRADE if method in TRADING_METHODS else READ
+            if needed not in holder.scopes:
+                name = "TRADE" if needed == TRADE else "READ"
+                raise GatewayError(
+                    G.GATEWAY_ERROR_REASON_SCOPE_REQUIRED,
+                    f"api key {holder.api_key} lacks the {name} scope this call needs",
+                )
         return holder
 
 

@@ -1,6 +1,7 @@
 """A small asyncio client of the gateway: signs every call, speaks both APIs.
 
     async with OmsClient(address, user_id=7, api_key=key, api_secret=secret) as oms:
+    # an Ed25519 key: OmsClient(address, user_id=7, api_key=key, private_key=private_key)
         ack = await oms.place("c-1", "BTC-USDT", SIDE_BUY, price_ticks=6_500_000, quantity_lots=3)
         async with oms.order_updates() as updates:     # live once entered
             update = await updates.next()
@@ -20,6 +21,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import grpc
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gateway.client_streams import OrderUpdateStream, TradeStream
 from gateway.signed_channel import (
@@ -28,6 +30,7 @@ from gateway.signed_channel import (
     SignedChannel,
     wall_clock_ms,
 )
+from gateway.signing import Ed25519Signer
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 
 __all__ = ["AdminClient", "GatewayCallError", "OmsClient", "OrderUpdateStream", "TradeStream"]
@@ -65,14 +68,19 @@ class OmsClient(_SignedClient):
         *,
         user_id: int,
         api_key: str,
-        api_secret: str,
+        api_secret: str = "",
+        private_key: Ed25519PrivateKey | None = None,
         channel: grpc.aio.Channel | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
+        """`api_secret` for an HMAC key, `private_key` for an Ed25519 one."""
+        if (private_key is None) == (not api_secret):
+            raise ValueError("give an HMAC key's api_secret or an Ed25519 key's private_key")
         self.user_id = user_id
+        signer = Ed25519Signer(private_key) if private_key is not None else api_secret
         self._signed = SignedChannel(
-            address, api_key, api_secret, channel=channel, clock_ms=clock_ms, timeout_s=timeout_s
+            address, api_key, signer, channel=channel, clock_ms=clock_ms, timeout_s=timeout_s
         )
 
     # --- orders ---------------------------------------------------------------------------
@@ -304,6 +312,57 @@ class AdminClient(_SignedClient):
             ADMIN_SERVICE + "KillSwitch", request, gateway_pb2.AdminAck
         )
         return ack
+
+    # --- API keys -------------------------------------------------------------------------
+
+    async def create_api_key(
+        self,
+        user_id: int,
+        *,
+        kind: int = common_pb2.API_KEY_KIND_HMAC,
+        public_key: bytes = b"",
+        scopes: Sequence[int] = (),
+        expires_at_ms: int = 0,
+        label: str = "",
+    ) -> gateway_pb2.ApiKeyCreated:
+        request = gateway_pb2.CreateApiKeyRequest(
+            user_id=user_id,
+            kind=kind,  # type: ignore[arg-type]
+            public_key=public_key,
+            scopes=scopes,  # type: ignore[arg-type]
+            expires_at_ms=expires_at_ms,
+            label=label,
+        )
+        created: gateway_pb2.ApiKeyCreated = await self._signed.unary(
+            ADMIN_SERVICE + "CreateApiKey", request, gateway_pb2.ApiKeyCreated
+        )
+        return created
+
+    async def list_api_keys(self, user_id: int) -> list[gateway_pb2.ApiKey]:
+        listed: gateway_pb2.ApiKeys = await self._signed.unary(
+            ADMIN_SERVICE + "ListApiKeys",
+            gateway_pb2.ListApiKeysRequest(user_id=user_id),
+            gateway_pb2.ApiKeys,
+        )
+        return list(listed.keys)
+
+    async def revoke_api_key(self, api_key: str) -> gateway_pb2.ApiKey:
+        revoked: gateway_pb2.ApiKey = await self._signed.unary(
+            ADMIN_SERVICE + "RevokeApiKey",
+            gateway_pb2.RevokeApiKeyRequest(api_key=api_key),
+            gateway_pb2.ApiKey,
+        )
+        return revoked
+
+    async def rotate_api_key(
+        self, api_key: str, *, public_key: bytes = b""
+    ) -> gateway_pb2.ApiKeyCreated:
+        rotated: gateway_pb2.ApiKeyCreated = await self._signed.unary(
+            ADMIN_SERVICE + "RotateApiKey",
+            gateway_pb2.RotateApiKeyRequest(api_key=api_key, public_key=public_key),
+            gateway_pb2.ApiKeyCreated,
+        )
+        return rotated
 
     async def _transfer(
         self, call: str, user_id: int, asset: str, amount: int, transfer_id: str

@@ -1,4 +1,5 @@
-"""`oms client place|cancel|orders|order|history|fills|balances|positions`: the public API.
+"""`oms client place|cancel|orders|order|history|fills|balances|positions`: the public API;
+`oms client keys ...`, a user's API keys through the admin API (`gateway/key_command.py`).
 
 The key signs every call: `--api-key/--api-secret/--user-id` or OMS_API_KEY,
 OMS_API_SECRET, OMS_USER_ID; the gateway is `--gateway` or OMS_GATEWAY_ADDRESS.
@@ -17,9 +18,11 @@ import secrets
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from gateway.client import GatewayCallError, OmsClient
+from gateway.key_command import read_private_key, register_keys
 from gateway.settings import ClientSettings
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from services.settings import SettingsError, load_settings
@@ -48,7 +51,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--user-id", type=int, default=None, dest="user_id", help="env OMS_USER_ID")
     parser.add_argument("--api-key", default=None, dest="api_key", help="env OMS_API_KEY")
     parser.add_argument("--api-secret", default=None, dest="api_secret", help="env OMS_API_SECRET")
+    parser.add_argument(
+        "--private-key-file",
+        type=Path,
+        default=None,
+        dest="private_key_file",
+        help="an Ed25519 key's private key (PEM), instead of --api-secret",
+    )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    register_keys(actions)
 
     place = actions.add_parser("place", help="place one order")
     place.add_argument("symbol", help="e.g. BTC-USDT")
@@ -124,16 +135,20 @@ def _client(arguments: argparse.Namespace) -> OmsClient:
             "api_secret": arguments.api_secret,
         },
     )
-    if not (settings.user_id and settings.api_key and settings.api_secret):
+    private_key = (
+        read_private_key(arguments.private_key_file) if arguments.private_key_file else None
+    )
+    if not (settings.user_id and settings.api_key and (settings.api_secret or private_key)):
         raise SettingsError(
             "a user id, API key and secret are needed: --user-id/--api-key/--api-secret "
-            "or OMS_USER_ID/OMS_API_KEY/OMS_API_SECRET"
+            "or OMS_USER_ID/OMS_API_KEY/OMS_API_SECRET (an Ed25519 key: --private-key-file)"
         )
     return OmsClient(
         settings.gateway_address,
         user_id=settings.user_id,
         api_key=settings.api_key,
-        api_secret=settings.api_secret,
+        api_secret="" if private_key is not None else settings.api_secret,
+        private_key=private_key,
     )
 
 

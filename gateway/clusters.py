@@ -18,8 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
 
+from google.protobuf.message import Message
+
 from gateway.errors import GatewayError, unavailable
-from gateway.persister_client import PersisterClient
+from gateway.persister_client import AnswerT, PersisterClient
 from gateway.shard_endpoint import ShardEndpoint
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import gateway_pb2, persister_pb2
@@ -139,6 +141,10 @@ class PersisterPool:
         # Not retried on another persister: a call that timed out may have created the
         # user, and the client's retry with the same id answers USER_EXISTS either way.
         return await next(iter(self._in_turn())).create_user(new_user)
+
+    async def key_admin(self, call: str, request: Message, response_type: type[AnswerT]) -> AnswerT:
+        """An API-key call on one persister (the keys live in the shared database)."""
+        return await next(iter(self._in_turn())).key_admin(call, request, response_type)
 
     def _in_turn(self) -> list[PersisterClient]:
         clusters = list(self.clusters())

@@ -31,18 +31,29 @@ from typing import Any
 
 from gateway.clusters import PersisterPool
 from gateway.errors import GatewayError
+from protos.oms.v1 import common_pb2
 
 MAX_API_KEY_LENGTH = 128
 
 
+READ = common_pb2.API_KEY_SCOPE_READ
+TRADE = common_pb2.API_KEY_SCOPE_TRADE
+ALL_SCOPES = frozenset({READ, TRADE})
+
+
 @dataclass(frozen=True, slots=True)
 class KeyHolder:
-    """Who a key belongs to: a user, or the operator (admin)."""
+    """Who a key belongs to (a user, or the operator: admin), how its requests are
+    checked, what it may do and until when."""
 
     api_key: str
-    secret: str
+    secret: str  # HMAC keys: the shared secret; Ed25519 keys: ""
     user_id: int
     admin: bool = False
+    kind: int = common_pb2.API_KEY_KIND_HMAC
+    public_key: bytes = b""  # Ed25519 keys: the raw 32-byte public key
+    scopes: frozenset[int] = ALL_SCOPES
+    expires_at_ms: int = 0  # wall time; 0: never
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +193,16 @@ class CredentialDirectory:
         credential = await self.persister.credential(api_key)
         if credential is None or not credential.enabled or credential.user_id == 0:
             return None
-        return KeyHolder(credential.api_key, credential.api_secret, credential.user_id)
+        # An older persister's answer names neither kind nor scopes: an HMAC key with all.
+        return KeyHolder(
+            credential.api_key,
+            credential.api_secret,
+            credential.user_id,
+            kind=credential.kind or common_pb2.API_KEY_KIND_HMAC,
+            public_key=bytes(credential.public_key),
+            scopes=frozenset(credential.scopes) or ALL_SCOPES,
+            expires_at_ms=credential.expires_at_ms,
+        )
 
     def _remember(self, api_key: str, holder: KeyHolder | None) -> None:
         lifetime = self.ttl_s if holder is not None else self.unknown_ttl_s

@@ -10,14 +10,18 @@ fixed one or its leader's in etcd, resolved when a call needs a (new) channel.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from gateway.errors import GatewayError, unavailable
 from protos.oms.v1 import gateway_pb2, persister_pb2, persister_pb2_grpc
 from services.clients.channels import mesh_channel
 from services.coordination.addresses import AddressSource, FixedAddress
 from services.coordination.errors import CoordinationUnavailable
+
+AnswerT = TypeVar("AnswerT", bound=Message)
 
 
 class PersisterClient:
@@ -131,6 +135,29 @@ class PersisterClient:
             )
         except grpc.aio.AioRpcError as error:
             raise self._unavailable("Prefetch", error) from error
+
+    async def key_admin(self, call: str, request: Message, response_type: type[AnswerT]) -> AnswerT:
+        """One of the persister's API-key calls (CreateApiKey, ListApiKeys, RevokeApiKey,
+        RotateApiKey), its refusals as the gateway's reasons. Not retried elsewhere: a
+        create that timed out may have made a key, which ListApiKeys shows."""
+        try:
+            stub = await self._stub()
+            answer: AnswerT = await getattr(stub, call)(request, timeout=self.timeout_s)
+            return answer
+        except grpc.aio.AioRpcError as error:
+            code, detail = error.code(), error.details() or ""
+            if code == grpc.StatusCode.NOT_FOUND:
+                trailers = dict(error.trailing_metadata() or ())
+                unknown_user = trailers.get("x-oms-reason") == "PERSISTER_ERROR_REASON_UNKNOWN_USER"
+                reason = (
+                    gateway_pb2.GATEWAY_ERROR_REASON_UNKNOWN_USER
+                    if unknown_user
+                    else gateway_pb2.GATEWAY_ERROR_REASON_KEY_NOT_FOUND
+                )
+                raise GatewayError(reason, detail) from error
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                raise GatewayError(gateway_pb2.GATEWAY_ERROR_REASON_KEY_REVOKED, detail) from error
+            raise self._refused(call, error) from error
 
     def _refused(self, call: str, error: grpc.aio.AioRpcError) -> GatewayError:
         """A read the persister refused: a field the gateway let through, or unavailable."""

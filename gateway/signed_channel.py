@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from gateway.signing import REASON_TRAILER, signed_metadata
+from gateway.signing import REASON_TRAILER, HmacSigner, Signer, signed_metadata
 from services.clients.channels import gateway_channel
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -42,13 +42,14 @@ class GatewayCallError(Exception):
 
 
 class SignedChannel:
-    """One channel and one key: every call carries fresh signed metadata."""
+    """One channel and one key (HMAC or Ed25519): every call carries fresh signed
+    metadata."""
 
     def __init__(
         self,
         address: str,
         api_key: str,
-        api_secret: str,
+        signer: Signer | str,
         *,
         channel: grpc.aio.Channel | None,
         clock_ms: Callable[[], int],
@@ -56,14 +57,15 @@ class SignedChannel:
     ) -> None:
         self.address = address
         self.api_key = api_key
-        self.api_secret = api_secret
+        # An HMAC secret (str), or a `Signer` (an Ed25519 private key's).
+        self.signer: Signer = HmacSigner(signer) if isinstance(signer, str) else signer
         self.clock_ms = clock_ms
         self.timeout_s = timeout_s
         self._own_channel = channel is None
         self.channel = channel if channel is not None else gateway_channel(address)
 
     def metadata(self, method: str, request: Message | None) -> tuple[tuple[str, str], ...]:
-        return signed_metadata(self.api_key, self.api_secret, method, request, self.clock_ms())
+        return signed_metadata(self.api_key, self.signer, method, request, self.clock_ms())
 
     async def unary(self, method: str, request: Message, response_type: type[Any]) -> Any:
         call = self.channel.unary_unary(

@@ -2,7 +2,9 @@
 
 Errors are gRPC status codes with the machine-readable reason (a
 `PersisterErrorReason` name) in the trailing metadata key `x-oms-reason`:
-ALREADY_EXISTS/USER_EXISTS, NOT_FOUND/UNKNOWN_KEY or UNKNOWN_ORDER,
+ALREADY_EXISTS/USER_EXISTS, NOT_FOUND/UNKNOWN_KEY, UNKNOWN_USER or UNKNOWN_ORDER,
+FAILED_PRECONDITION/KEY_REVOKED (a revoked key is not rotated), INTERNAL for a
+credential that does not open under this persister's master key,
 INVALID_ARGUMENT/INVALID_FIELD (the detail names the field), UNAVAILABLE when
 PostgreSQL cannot be reached, UNAVAILABLE/BEHIND when a read's `as_of_position`
 is not written within `read_wait_ms`. A refused call changes nothing.
@@ -18,12 +20,25 @@ import grpc
 import structlog
 
 from persister import answers
-from persister.accounts import UserExistsError, create_user, new_user_problem, read_credential
+from persister.accounts import UserExistsError, create_user, new_user_problem
 from persister.answers import AnswerSink
+from persister.api_keys import (
+    KeyRevokedError,
+    UnknownKeyError,
+    UnknownUserError,
+    create_api_key,
+    list_api_keys,
+    new_key_of,
+    new_key_problem,
+    read_credential,
+    revoke_api_key,
+    rotate_api_key,
+)
 from persister.counters import Counters
 from persister.errors import StoreError, StoreUnavailable
 from persister.history_reads import page_problem, read_fill_page, read_order_page, stored_fill
 from persister.order_rows import read_order, read_order_by_client_id
+from persister.secret_seal import MasterKey, SealError
 from persister.store import Store
 from persister.unknown_users import UnknownUsers
 from persister.user_rows import INT64_MAX, StoredStateError, read_users, stored_state
@@ -40,6 +55,10 @@ Reason: TypeAlias = persister_pb2.PersisterErrorReason.ValueType
 COUNTERS = (
     "users_created",
     "credential_reads",
+    "credentials_unopened",
+    "api_keys_created",
+    "api_keys_revoked",
+    "api_keys_rotated",
     "prefetch_requests",
     "prefetch_offers",
     "history_pages",
@@ -61,6 +80,7 @@ class PersisterApi:
         unknown: UnknownUsers,
         counters: Counters,
         *,
+        master: MasterKey,
         committed_through: Callable[[], int],
         wait_committed: Callable[[int], Awaitable[None]],
         read_wait_s: float,
@@ -69,6 +89,7 @@ class PersisterApi:
         self.shard = shard
         self.unknown = unknown
         self.counters = counters
+        self.master = master
         self.committed_through = committed_through
         self.wait_committed = wait_committed
         self.read_wait_s = read_wait_s
@@ -80,7 +101,9 @@ class PersisterApi:
         if problem:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, problem)
         try:
-            created = await create_user(self.store, request)
+            created = await create_user(
+                self.store, self.master, request, actor=request.actor or "unknown"
+            )
         except UserExistsError as error:
             await abort(context, grpc.StatusCode.ALREADY_EXISTS, _USER_EXISTS, str(error))
         self.unknown.forget(created.user_id)
@@ -95,14 +118,79 @@ class PersisterApi:
             await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, "api_key is empty"
             )
-        async with self.store.session() as session:
-            row = await read_credential(session, request.api_key)
+        try:
+            async with self.store.session() as session:
+                credential = await read_credential(session, self.master, request.api_key)
+        except SealError as error:
+            # Sealed under another master key, or damaged: no gateway may use it, and an
+            # operator must look (the persister's master key is the likely cause).
+            self.counters.add("credentials_unopened")
+            log.error("persister.credential_unopened", error=str(error))
+            await abort(context, grpc.StatusCode.INTERNAL, _UNSPECIFIED, str(error))
         self.counters.add("credential_reads")
-        if row is None:
+        if credential is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, _UNKNOWN_KEY, "unknown api key")
-        return persister_pb2.Credential(
-            api_key=row.api_key, user_id=row.user_id, api_secret=row.secret, enabled=row.enabled
+        return credential
+
+    async def create_api_key(
+        self, request: persister_pb2.NewApiKey, context: Context
+    ) -> persister_pb2.CreatedApiKey:
+        problem = new_key_problem(
+            request.kind,
+            request.public_key,
+            request.scopes,
+            request.expires_at_ms,
+            request.label,
         )
+        if not 0 < request.user_id <= INT64_MAX:
+            problem = "user_id out of range"
+        if problem:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, problem)
+        try:
+            created = await create_api_key(self.store, self.master, new_key_of(request))
+        except UnknownUserError as error:
+            await abort(context, grpc.StatusCode.NOT_FOUND, _UNKNOWN_USER, str(error))
+        self.counters.add("api_keys_created")
+        log.info("persister.api_key_created", api_key=created.key.api_key, actor=request.actor)
+        return created
+
+    async def list_api_keys(
+        self, request: persister_pb2.ApiKeyListQuery, context: Context
+    ) -> persister_pb2.ApiKeyList:
+        return await list_api_keys(self.store, request.user_id)
+
+    async def revoke_api_key(
+        self, request: persister_pb2.ApiKeyRevocation, context: Context
+    ) -> persister_pb2.ApiKeyInfo:
+        try:
+            revoked = await revoke_api_key(self.store, request.api_key, request.actor)
+        except UnknownKeyError as error:
+            await abort(context, grpc.StatusCode.NOT_FOUND, _UNKNOWN_KEY, str(error))
+        self.counters.add("api_keys_revoked")
+        log.info("persister.api_key_revoked", api_key=request.api_key, actor=request.actor)
+        return revoked
+
+    async def rotate_api_key(
+        self, request: persister_pb2.ApiKeyRotation, context: Context
+    ) -> persister_pb2.CreatedApiKey:
+        try:
+            rotated = await rotate_api_key(
+                self.store, self.master, request.api_key, request.public_key, request.actor
+            )
+        except UnknownKeyError as error:
+            await abort(context, grpc.StatusCode.NOT_FOUND, _UNKNOWN_KEY, str(error))
+        except KeyRevokedError as error:
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, _KEY_REVOKED, str(error))
+        except ValueError as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, str(error))
+        self.counters.add("api_keys_rotated")
+        log.info(
+            "persister.api_key_rotated",
+            api_key=request.api_key,
+            successor=rotated.key.api_key,
+            actor=request.actor,
+        )
+        return rotated
 
     async def get_stored_user(
         self, request: persister_pb2.UserQuery, context: Context
@@ -246,6 +334,18 @@ class PersisterApi:
             "Prefetch": unary(
                 self.prefetch, persister_pb2.PrefetchRequest, persister_pb2.PrefetchAck
             ),
+            "CreateApiKey": unary(
+                self.create_api_key, persister_pb2.NewApiKey, persister_pb2.CreatedApiKey
+            ),
+            "ListApiKeys": unary(
+                self.list_api_keys, persister_pb2.ApiKeyListQuery, persister_pb2.ApiKeyList
+            ),
+            "RevokeApiKey": unary(
+                self.revoke_api_key, persister_pb2.ApiKeyRevocation, persister_pb2.ApiKeyInfo
+            ),
+            "RotateApiKey": unary(
+                self.rotate_api_key, persister_pb2.ApiKeyRotation, persister_pb2.CreatedApiKey
+            ),
         }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
@@ -256,6 +356,8 @@ _UNSPECIFIED = persister_pb2.PERSISTER_ERROR_REASON_UNSPECIFIED
 _INVALID_FIELD = persister_pb2.PERSISTER_ERROR_REASON_INVALID_FIELD
 _USER_EXISTS = persister_pb2.PERSISTER_ERROR_REASON_USER_EXISTS
 _UNKNOWN_KEY = persister_pb2.PERSISTER_ERROR_REASON_UNKNOWN_KEY
+_UNKNOWN_USER = persister_pb2.PERSISTER_ERROR_REASON_UNKNOWN_USER
+_KEY_REVOKED = persister_pb2.PERSISTER_ERROR_REASON_KEY_REVOKED
 _UNKNOWN_ORDER = persister_pb2.PERSISTER_ERROR_REASON_UNKNOWN_ORDER
 _BEHIND = persister_pb2.PERSISTER_ERROR_REASON_BEHIND
 

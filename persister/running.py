@@ -24,9 +24,11 @@ from collections.abc import AsyncIterator
 
 import structlog
 
+from persister.api_keys import seal_plaintext_secrets
 from persister.cursor import read_cursor
 from persister.mesh_identity import MeshIdentity, bind_etcd, claim_database
 from persister.migrations import apply_migrations
+from persister.secret_seal import MasterKey
 from persister.service import PersisterService
 from persister.settings import PersisterSettings
 from persister.shard_answers import ShardAnswers
@@ -46,7 +48,23 @@ LEASE_TTL_S = 2
 ETCD_RETRY_S = 0.5
 
 
+def master_key(settings: PersisterSettings) -> MasterKey:
+    """The key sealing HMAC secrets: required, since every user's first key is one."""
+    try:
+        if settings.master_key_file is not None:
+            return MasterKey.from_file(settings.master_key_file)
+        if settings.master_key:
+            return MasterKey.from_text(settings.master_key)
+    except (OSError, ValueError) as error:
+        raise SettingsError(f"the persister's master key: {error}") from error
+    raise SettingsError(
+        "OMS_PERSISTER_MASTER_KEY (32 bytes, base64) or OMS_PERSISTER_MASTER_KEY_FILE is not"
+        " set: it seals the API keys' secrets in the database"
+    )
+
+
 async def serve(settings: PersisterSettings) -> None:
+    master = master_key(settings)  # before anything starts: a missing key stops the start
     host = ServiceHost(settings.listen)
     stopping = asyncio.Event()
 
@@ -73,6 +91,9 @@ async def serve(settings: PersisterSettings) -> None:
     try:
         applied = await apply_migrations(store)
         log.info("persister.schema_ready", applied_now=applied)
+        sealed = await seal_plaintext_secrets(store, master)
+        if sealed:
+            log.info("persister.secrets_sealed", rows=sealed)
         identity = await claim_database(store, settings.mesh_id)
         if settings.leader_lease or settings.shard_address == FROM_ETCD:
             await _bind_etcd(settings, store, identity)
@@ -94,7 +115,9 @@ async def serve(settings: PersisterSettings) -> None:
                 cursor=cursor,
                 writer_token=store.fence.token,
             )
-            service = PersisterService(settings, store, link, lock, start_position=cursor)
+            service = PersisterService(
+                settings, store, link, lock, master=master, start_position=cursor
+            )
             plan = service.plan()
             plan.loops = [*plan.loops, *loops]
             await host.run(plan)

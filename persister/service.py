@@ -22,6 +22,7 @@ from persister.errors import StoreError
 from persister.flushes import recent_flushes
 from persister.grpc_api import PersisterApi
 from persister.hydration_reads import HydrationReads
+from persister.secret_seal import MasterKey
 from persister.settings import PersisterSettings
 from persister.shard_answers import ShardAnswers
 from persister.shard_lock import ShardLock
@@ -51,6 +52,7 @@ class PersisterService:
         shard: ShardAnswers,
         lock: ShardLock,
         *,
+        master: MasterKey,
         start_position: int,
     ) -> None:
         self.settings = settings
@@ -111,6 +113,7 @@ class PersisterService:
             shard,
             self.unknown,
             self.counters,
+            master=master,
             committed_through=lambda: self.write_behind.committed_through,
             wait_committed=self.write_behind.wait_committed,
             read_wait_s=settings.read_wait_ms / 1000,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.coordination.group_keys import DEFAULT_MESH_ID, mesh_prefix
 from services.settings import setting
@@ -74,6 +75,14 @@ class PersisterSettings:
     pool_size: int = setting(env="OMS_PERSISTER_POOL_SIZE", default=8)
     startup_timeout_ms: int = setting(env="OMS_PERSISTER_STARTUP_TIMEOUT_MS", default=30_000)
     log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
+    master_key: str = setting(
+        env="OMS_PERSISTER_MASTER_KEY",
+        default="",
+        help="32 bytes, base64: seals the HMAC secrets in the database (or the _FILE)",
+    )
+    master_key_file: Path | None = setting(
+        env="OMS_PERSISTER_MASTER_KEY_FILE", default=None, help="a file holding the master key"
+    )
 
     def problems(self) -> list[str]:
         found = []

@@ -111,6 +111,7 @@ def mesh_children(
         else record.matcher_setting(),
         "OMS_ADMIN_API_KEY": record.admin_api_key,
         "OMS_ADMIN_API_SECRET": record.admin_api_secret,
+        "OMS_PERSISTER_MASTER_KEY": record.master_key,
     }
     if replicated:
         # Leader-only by their own leases (the persister's term is its fencing token

@@ -23,6 +23,7 @@ move users in the routing document, not by starting it with another number.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -75,6 +76,9 @@ class MeshRecord:
     other_clusters: list[ClusterRecord] = field(default_factory=list)  # s2..sN
     # Each service's Prometheus endpoint (`GET /metrics`), by the name `oms up` gives it.
     metrics: dict[str, str] = field(default_factory=dict)
+    # The persister's master key (base64): it seals the API keys' secrets in PostgreSQL.
+    # Kept here, 0600, beside the admin secret; "" in a record made before it existed.
+    master_key: str = ""
     # Whether its links are TLS, with the development authority under state_dir/tls
     # (`services/transport/development.py`); False without `oms up --plaintext`'s
     # opposite, and in a record written before TLS existed.
@@ -190,6 +194,9 @@ def prepare_mesh_record(
         shards=shards,
         other_clusters=[cluster(index) for index in range(2, shards + 1)],
         metrics=dict(previous.metrics) if previous else {},
+        # Kept for the folder's life: a new one would not open the secrets sealed before.
+        master_key=(previous.master_key if previous else "")
+        or base64.b64encode(secrets.token_bytes(32)).decode(),
     )
     write_mesh_record(state_dir, record)
     return record

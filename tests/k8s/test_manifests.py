@@ -242,7 +242,7 @@ def test_every_config_map_and_service_account_a_pod_names_exists(kustomization: 
                     assert reference["name"] in maps, variable
     if kustomization == "overlays/development":
         secrets = {s["metadata"]["name"] for s in of_kind(objects, "Secret")}
-        assert {"oms-database", "oms-admin"} <= secrets
+        assert {"oms-database", "oms-admin", "oms-master-key"} <= secrets
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)

@@ -1,0 +1,99 @@
+"""API keys at rest: sealed HMAC secrets (`secret_seal.py`) and their rows (`api_keys.py`).
+
+The sealing itself without a database: a secret opens under its master key and its
+own key id only. Then on PostgreSQL: a row written before sealing existed (the
+plaintext column) is sealed at the persister's start, reads back the same secret,
+and leaves no plaintext behind; a row sealed under another master key is refused,
+not served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from persister.accounts import create_user
+from persister.api_keys import read_credential, seal_plaintext_secrets
+from persister.migrations import apply_migrations
+from persister.secret_seal import MasterKey, SealError
+from persister.store import Store
+from protos.oms.v1 import common_pb2, persister_pb2
+from tests.persister.persister_client import sql
+
+MASTER = MasterKey(b"m" * 32)
+OTHER = MasterKey(b"o" * 32)
+
+
+def test_a_sealed_secret_opens_under_its_master_key_and_its_own_key_id_only() -> None:
+    sealed = MASTER.seal("ak_1", "the-secret")
+    assert b"the-secret" not in sealed
+    assert MASTER.open("ak_1", sealed) == "the-secret"
+    assert MASTER.seal("ak_1", "the-secret") != sealed  # a fresh nonce every time
+    with pytest.raises(SealError, match="another master key"):
+        OTHER.open("ak_1", sealed)
+    with pytest.raises(SealError, match="does not open"):
+        MASTER.open("ak_2", sealed)  # copied onto another key's row
+    damaged = sealed[:-1] + bytes([sealed[-1] ^ 1])
+    with pytest.raises(SealError, match="does not open"):
+        MASTER.open("ak_1", damaged)
+    with pytest.raises(SealError, match="version"):
+        MASTER.open("ak_1", b"\x02" + sealed[1:])
+
+
+def test_a_master_key_is_32_bytes_of_base64() -> None:
+    text = MasterKey.new_text()
+    assert MasterKey.from_text(text).key_id == MasterKey.from_text(text).key_id
+    with pytest.raises(ValueError, match="32 bytes"):
+        MasterKey.from_text("c2hvcnQ=")
+
+
+@pytest.fixture
+def url(new_database: Callable[[], str]) -> str:
+    return new_database()
+
+
+@pytest.fixture
+async def store(url: str) -> AsyncIterator[Store]:
+    opened = await Store.open(url, pool_size=2)
+    try:
+        await apply_migrations(opened)
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_a_plaintext_secret_from_before_sealing_is_sealed_at_start(
+    store: Store, url: str
+) -> None:
+    created = await create_user(store, MASTER, persister_pb2.NewUser())
+    async with sql(url) as connection:
+        # As a row written before migration 0005 looks: the secret in clear.
+        await connection.execute(
+            "UPDATE api_keys SET secret = 'old-secret', sealed_secret = NULL WHERE api_key = $1",
+            created.api_key,
+        )
+    assert await seal_plaintext_secrets(store, MASTER) == 1
+    assert await seal_plaintext_secrets(store, MASTER) == 0
+    async with store.session() as session:
+        credential = await read_credential(session, MASTER, created.api_key)
+    assert credential is not None and credential.api_secret == "old-secret"
+    assert credential.kind == common_pb2.API_KEY_KIND_HMAC and credential.enabled
+    async with sql(url) as connection:
+        row = await connection.fetchrow(
+            "SELECT secret, sealed_secret FROM api_keys WHERE api_key = $1", created.api_key
+        )
+        audit = await connection.fetchval(
+            "SELECT count(*) FROM admin_audit WHERE action = 'api_key.seal_plaintext'"
+        )
+    assert row["secret"] is None and b"old-secret" not in bytes(row["sealed_secret"])
+    assert audit == 1
+
+
+async def test_a_secret_sealed_under_another_master_key_is_refused(store: Store) -> None:
+    created = await create_user(store, OTHER, persister_pb2.NewUser())
+    async with store.session() as session:
+        with pytest.raises(SealError, match="another master key"):
+            await read_credential(session, MASTER, created.api_key)
+        credential = await read_credential(session, OTHER, created.api_key)
+    assert credential is not None and credential.api_secret == created.api_secret
