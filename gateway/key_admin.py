@@ -18,6 +18,7 @@ from typing import Any
 
 from gateway.authentication import caller
 from gateway.clusters import PersisterPool
+from gateway.credentials import MAX_API_KEY_LENGTH
 from gateway.errors import invalid_field
 from gateway.validation import check_user_id
 from protos.oms.v1 import common_pb2, gateway_pb2, persister_pb2
@@ -25,7 +26,6 @@ from protos.oms.v1 import common_pb2, gateway_pb2, persister_pb2
 Context = Any  # grpc.aio.ServicerContext
 ED25519_PUBLIC_KEY_BYTES = 32
 MAX_LABEL_CHARACTERS = 64
-MAX_API_KEY_LENGTH = 128
 _KINDS = (common_pb2.API_KEY_KIND_HMAC, common_pb2.API_KEY_KIND_ED25519)
 _SCOPES = (common_pb2.API_KEY_SCOPE_READ, common_pb2.API_KEY_SCOPE_TRADE)
 

@@ -175,7 +175,8 @@ class ReplicatedHost(RuntimeHost[EgressT]):
                 self.feed.close()
                 with contextlib.suppress(Exception):
                     await server.stop(0)
-                    if probe is not None:
+                if probe is not None:
+                    with contextlib.suppress(Exception):
                         await probe.stop(0)
                 await leadership.resign()
                 await node.close()

@@ -17,6 +17,7 @@ import structlog
 from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from services.clients.channels import SERVER_OPTIONS
 from services.settings import load_settings, setting
 
 log = structlog.get_logger(__name__)
@@ -36,7 +37,7 @@ async def serve_health_probe(health: HealthServicer) -> grpc.aio.Server | None:
     address = load_settings(HealthProbeSettings).listen
     if not address:
         return None
-    server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if server.add_insecure_port(address) == 0:
         raise OSError(f"OMS_HEALTH_LISTEN={address}: cannot listen")

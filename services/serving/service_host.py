@@ -106,6 +106,7 @@ class ServiceHost:
         finally:
             with contextlib.suppress(Exception):
                 await server.stop(0)
-                if probe is not None:
+            if probe is not None:
+                with contextlib.suppress(Exception):
                     await probe.stop(0)
             log.info("service.stopped", service=plan.name)
