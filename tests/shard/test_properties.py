@@ -47,7 +47,9 @@ from services.shard.core.commands import (
     PlaceOrder,
     Reconcile,
     ReconciledOrder,
+    SetRiskLimits,
     SetRouting,
+    UserControl,
     Withdraw,
 )
 from services.shard.core.digest import actor_digest
@@ -60,10 +62,19 @@ from services.shard.core.egress import (
     ShardResult,
     SubmitToMatcher,
 )
+from services.shard.core.risk import RiskLimits
 from services.shard.core.settings import RateLimitSettings
 from services.shard.core.shard_machine import ShardMachine
 from services.shard.core.user_state import RecentResult, UserState
-from services.shard.core.vocabulary import BUY, LIMIT, MARKET, PPM, SELL, EventKind
+from services.shard.core.vocabulary import (
+    BUY,
+    LIMIT,
+    MARKET,
+    PPM,
+    SELL,
+    EventKind,
+    UserControlAction,
+)
 from tests.shard.support import BTC, ETH, SHARD
 from tests.shard.support import settings as shard_settings
 
@@ -400,6 +411,7 @@ STEPS = (
     "reconcile",
     "routing",
     "restart",
+    "operator",
 )
 
 
@@ -491,6 +503,17 @@ def _step(world: World, data: st.DataObject, step: str) -> None:
         return
     if step == "restart":
         world.restart_second_replica()
+        return
+    if step == "operator":
+        # An operator's control of a random user, known or not, resident or not.
+        user = data.draw(st.sampled_from((*USERS, UNKNOWN_USER)))
+        action = data.draw(st.sampled_from(tuple(UserControlAction)))
+        if data.draw(st.integers(0, 3)) == 0:
+            limits = RiskLimits(max_open_orders=data.draw(st.integers(0, 3)))
+            clear = data.draw(st.booleans())
+            world.apply([SetRiskLimits(correlation(), user, limits, clear, "ops", "")], 1)
+        else:
+            world.apply([UserControl(correlation(), user, int(action), "ops", "test")], 1)
         return
     raise AssertionError(step)
 

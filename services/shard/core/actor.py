@@ -95,6 +95,7 @@ class UserActor:
         "reservations",
         "reserved",
         "tier",
+        "trading_halted",
         "transfers",
         "user_id",
         "user_seq",
@@ -120,6 +121,7 @@ class UserActor:
         self.limits: RiskLimits = NO_LIMITS
         self.reduce_only = False
         self.peak_equity = 0
+        self.trading_halted = False  # an operator's halt (UserControl), kept in UserState
         self.bucket = bucket
         self.last_active_ms = now_ms
         self.recency_seq = 0

@@ -76,6 +76,10 @@ class Funding:
                 )
             )
             return
+        if actor.trading_halted:
+            self.state.counters.refused_trading_halted += 1
+            out.append(refused(command.correlation_id, RejectReason.TRADING_HALTED))
+            return
         asset = command.asset
         amount = command.amount
         if available(actor, asset) < amount:

@@ -34,6 +34,7 @@ from services.shard.core.commands import (
     ReconciledOrder,
     SetRiskLimits,
     SetRouting,
+    UserControl,
     Withdraw,
 )
 from services.shard.core.egress import (
@@ -44,6 +45,7 @@ from services.shard.core.egress import (
     FillRecord,
     HydrateRequest,
     LedgerPosting,
+    OperatorAudit,
     OrderUpdate,
     RiskAlert,
     ShardResult,
@@ -164,7 +166,17 @@ def decode_command(message: shard_pb2.ShardCommand) -> Command:
     if which == "set_risk_limits":
         s = message.set_risk_limits
         return SetRiskLimits(
-            correlation_id, s.user_id, limits_from_protobuf(s.limits), s.clear_reduce_only
+            correlation_id,
+            s.user_id,
+            limits_from_protobuf(s.limits),
+            s.clear_reduce_only,
+            s.operator,
+            s.note,
+        )
+    if which == "user_control":
+        control = message.user_control
+        return UserControl(
+            correlation_id, control.user_id, control.action, control.operator, control.note
         )
     if which == "set_routing":
         return SetRouting(correlation_id, message.set_routing.document)
@@ -241,6 +253,7 @@ def user_state_from_protobuf(message: shard_pb2.UserState) -> UserState:
         limits_from_protobuf(message.risk_limits),
         message.reduce_only,
         message.peak_equity,
+        message.trading_halted,
     )
 
 
@@ -281,6 +294,7 @@ def fill_user_state(target: shard_pb2.UserState, state: UserState) -> None:
     fill_limits(target.risk_limits, state.risk_limits)
     target.reduce_only = state.reduce_only
     target.peak_equity = state.peak_equity
+    target.trading_halted = state.trading_halted
 
 
 def user_state_to_protobuf(state: UserState) -> shard_pb2.UserState:
@@ -370,6 +384,15 @@ def egress_to_protobuf(
         message.risk_alert.user_id = item.user_id
         message.risk_alert.kind = item.kind
         message.risk_alert.detail = item.detail
+    elif isinstance(item, OperatorAudit):
+        audit = message.operator_audit
+        audit.user_id = item.user_id
+        audit.operator = item.operator
+        audit.action = item.action
+        audit.detail = item.detail
+        audit.accepted = item.accepted
+        audit.reject_reason = _ShardReason(item.reject_reason)
+        audit.note = item.note
     else:
         raise TypeError(f"not shard egress: {item!r}")
     return message
@@ -486,6 +509,14 @@ def command_to_protobuf(command: Command) -> shard_pb2.ShardCommand:
         message.set_risk_limits.user_id = command.user_id
         fill_limits(message.set_risk_limits.limits, command.limits)
         message.set_risk_limits.clear_reduce_only = command.clear_reduce_only
+        message.set_risk_limits.operator = command.operator
+        message.set_risk_limits.note = command.note
+    elif isinstance(command, UserControl):
+        control = message.user_control
+        control.user_id = command.user_id
+        control.action = shard_pb2.UserControlAction.ValueType(command.action)
+        control.operator = command.operator
+        control.note = command.note
     elif isinstance(command, SetRouting):
         message.set_routing.document = command.document
     # MalformedCommand: an empty ShardCommand, which decodes back to MalformedCommand.

@@ -145,6 +145,18 @@ class SetRiskLimits(NamedTuple):
     user_id: int
     limits: RiskLimits
     clear_reduce_only: bool
+    operator: str = ""  # who asked (the admin key id), for the audit
+    note: str = ""  # why, in the operator's words
+
+
+class UserControl(NamedTuple):
+    """An operator's control of one user: halt or resume trading, or restart the actor."""
+
+    correlation_id: int
+    user_id: int
+    action: int  # UserControlAction
+    operator: str
+    note: str
 
 
 class SetRouting(NamedTuple):
@@ -174,9 +186,10 @@ Command = (
     | Reconcile
     | DedupAnswer
     | SetRiskLimits
+    | UserControl
     | SetRouting
     | MalformedCommand
 )
 
 # Commands a client sends; they get exactly one final ShardResult each.
-ClientCommand = PlaceOrder | CancelOrder | Deposit | Withdraw | SetRiskLimits
+ClientCommand = PlaceOrder | CancelOrder | Deposit | Withdraw | SetRiskLimits | UserControl

@@ -137,6 +137,25 @@ class RiskAlert(NamedTuple):
     detail: str
 
 
+# OperatorAudit.action values
+AUDIT_SET_RISK_LIMITS = "set_risk_limits"
+AUDIT_HALT_TRADING = "halt_trading"
+AUDIT_RESUME_TRADING = "resume_trading"
+AUDIT_RESTART = "restart"
+
+
+class OperatorAudit(NamedTuple):
+    """An operator's command as the shard decided it: the persister's `admin_audit` row."""
+
+    user_id: int
+    operator: str
+    action: str
+    detail: str  # what changed, as canonical JSON text
+    accepted: bool
+    reject_reason: int
+    note: str
+
+
 Egress = (
     ShardResult
     | SubmitToMatcher
@@ -148,4 +167,5 @@ Egress = (
     | LedgerPosting
     | FillRecord
     | RiskAlert
+    | OperatorAudit
 )

@@ -132,6 +132,8 @@ class EvictionSweep:
             accounts.dehydrated_out[asset] += total
         if actor.health == QUARANTINED:
             state.quarantined -= 1
+        elif actor.health == HALTED:  # an operator's restart (operator_controls.py)
+            state.halted -= 1
         state.drop_actor(actor)
         state.leaving.pop(actor.user_id, None)
         state.remember_tombstone(actor.user_id, command.db_version)

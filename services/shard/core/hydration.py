@@ -179,6 +179,7 @@ class Hydration:
         actor.limits = NO_LIMITS if limits == NO_LIMITS else limits
         actor.reduce_only = user_state.reduce_only
         actor.peak_equity = user_state.peak_equity
+        actor.trading_halted = user_state.trading_halted
         return actor
 
     def _refuse_parked(self, user_id: int, pending: PendingHydration, out: list[Egress]) -> None:
@@ -226,6 +227,7 @@ def user_state_of(actor: UserActor, now_ms: int, horizon_ms: int) -> UserState:
         actor.limits,
         actor.reduce_only,
         actor.peak_equity,
+        actor.trading_halted,
     )
 
 

@@ -4,6 +4,7 @@ Per PlaceOrder, in this order (each refusal changes no state at all):
 
 1. static checks (`place_problem`), before the user is even looked up;
 2. health: a quarantined or halted actor refuses client commands (USER_HALTED);
+   an operator's trading halt refuses places (TRADING_HALTED; cancels pass);
 3. dedup: Bloom "never seen" -> new; "possibly seen" -> the exact map (or a
    live order with that client id) answers a duplicate with the original
    result; a miss parks the order behind a `DedupLookup` to the persister;
@@ -66,6 +67,7 @@ _BACKPRESSURE = int(RejectReason.BACKPRESSURE)
 _RATE_LIMITED = int(RejectReason.RATE_LIMITED)
 _INSUFFICIENT_FUNDS = int(RejectReason.INSUFFICIENT_FUNDS)
 _USER_HALTED = int(RejectReason.USER_HALTED)
+_TRADING_HALTED = int(RejectReason.TRADING_HALTED)
 _NOT_FOUND = int(RejectReason.ORDER_NOT_FOUND)
 _NOT_CANCELLABLE = int(RejectReason.ORDER_NOT_CANCELLABLE)
 _INVALID_ORDER = int(RejectReason.INVALID_ORDER)
@@ -183,6 +185,11 @@ class OrderSaga:
         if actor.health:
             counters.orders_refused += 1
             out.append(refused(correlation_id, _USER_HALTED, actor.health == QUARANTINED))
+            return
+        if actor.trading_halted:
+            counters.orders_refused += 1
+            counters.refused_trading_halted += 1
+            out.append(refused(correlation_id, _TRADING_HALTED))
             return
         if state.faults:
             self._fault_injection_point(actor, client_order_id)

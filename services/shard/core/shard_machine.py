@@ -57,16 +57,17 @@ from services.shard.core.commands import (
     Reconcile,
     SetRiskLimits,
     SetRouting,
+    UserControl,
     Withdraw,
 )
 from services.shard.core.egress import CancelToMatcher, Egress, ShardResult, SubmitToMatcher
 from services.shard.core.errors import MalformedCommandError, OrderIndexError
 from services.shard.core.eviction import EvictionSweep
 from services.shard.core.hydration import Hydration, user_state_problem
+from services.shard.core.operator_controls import USER_CONTROL_ACTIONS, OperatorControls
 from services.shard.core.orders import parse_order_id
 from services.shard.core.ownership import Ownership
 from services.shard.core.reconcile import ReconcileEngine
-from services.shard.core.risk import NO_LIMITS, equity
 from services.shard.core.saga import OrderSaga, refused
 from services.shard.core.settings import ShardSettings
 from services.shard.core.settlement import Settlement
@@ -74,7 +75,7 @@ from services.shard.core.shard_state import ParkedEvent, ParkedItem, ShardState
 from services.shard.core.statistics import COUNTER_NAMES, ShardStatistics, SweepStatistics
 from services.shard.core.supervision import Supervisor
 from services.shard.core.user_state import UserState
-from services.shard.core.vocabulary import PENDING, RejectReason
+from services.shard.core.vocabulary import PENDING, RejectReason, UserControlAction
 
 _MALFORMED = int(RejectReason.MALFORMED)
 _NOT_OWNER = int(RejectReason.NOT_OWNER)
@@ -97,6 +98,7 @@ class ShardMachine:
         self.ownership.recompute()
         self.reconciler = ReconcileEngine(state, self.settlement)
         self.supervisor = Supervisor(state)
+        self.controls = OperatorControls(state, self.eviction)
         self._next_rotation_ms = (state.dedup.session + 1) * self.settings.dedup_session_ms
         self._since_conservation_check = 0
         self._actions: dict[type, ClientAction] = {
@@ -104,7 +106,8 @@ class ShardMachine:
             CancelOrder: self.saga.cancel,
             Deposit: self.funding.deposit,
             Withdraw: self.funding.withdraw,
-            SetRiskLimits: self._set_risk_limits,
+            SetRiskLimits: self.controls.set_risk_limits,
+            UserControl: self.controls.control,
         }
         self._handlers: dict[type, Callable[[Any, int, list[Egress]], None]] = {
             PlaceOrder: self._on_place,
@@ -119,6 +122,7 @@ class ShardMachine:
             Reconcile: self._on_reconcile,
             DedupAnswer: self._on_dedup_answer,
             SetRiskLimits: self._on_set_risk_limits,
+            UserControl: self._on_user_control,
             SetRouting: self._on_set_routing,
             MalformedCommand: self._on_malformed,
         }
@@ -384,18 +388,16 @@ class ShardMachine:
             return
         self._to_actor(command, now, out)
 
-    def _set_risk_limits(
-        self, actor: UserActor, command: SetRiskLimits, now: int, out: list[Egress]
-    ) -> None:
-        # Allowed whatever the actor's health: tightening limits is how risk responds.
-        state = self.state
-        actor.limits = NO_LIMITS if command.limits == NO_LIMITS else command.limits
-        if command.clear_reduce_only:
-            actor.reduce_only = False
-            # Measure drawdown from here on, or the old peak would trip it again at once.
-            actor.peak_equity = equity(actor, state.marks, state.settlement_symbols)
-        state.touch(actor, now)
-        out.append(ShardResult(command.correlation_id, True, 0, 0, False, False, "", 0, False))
+    def _on_user_control(self, command: UserControl, now: int, out: list[Egress]) -> None:
+        if self._not_owner(command, out):
+            return
+        if command.action not in USER_CONTROL_ACTIONS or not command.user_id:
+            out.append(refused(command.correlation_id, _MALFORMED))
+            return
+        if command.action == UserControlAction.RESTART and command.user_id not in self.state.actors:
+            self.controls.restart_absent(command, out)
+            return
+        self._to_actor(command, now, out)
 
     def _to_actor(self, command: ClientCommand, now: int, out: list[Egress]) -> None:
         """Route a statically valid client command: park it, queue it, or apply it."""

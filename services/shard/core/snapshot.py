@@ -30,6 +30,7 @@ from services.shard.core.commands import (
     Reconcile,
     ReconciledOrder,
     SetRiskLimits,
+    UserControl,
     Withdraw,
 )
 from services.shard.core.errors import SnapshotFormatError
@@ -41,8 +42,10 @@ from services.shard.core.risk import NO_LIMITS, RiskLimits
 from services.shard.core.shard_state import ParkedEvent, ParkedItem, PendingHydration, ShardState
 from services.shard.core.statistics import SweepStatistics
 
-SNAPSHOT_VERSION = 3  # 2: actors keep their last matcher event sequences; 3: routing
-_READABLE_VERSIONS = {2: 20, 3: 21}  # version -> fields (a 2 has no routing document)
+# 2: actors keep their last matcher event sequences; 3: routing; 4: operator controls
+# (an actor's trading halt, the operator and note of a parked command)
+SNAPSHOT_VERSION = 4
+_READABLE_VERSIONS = {2: 20, 3: 21, 4: 21}  # version -> fields (a 2 has no routing document)
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -58,6 +61,8 @@ def item_plain(item: ParkedItem) -> tuple[Any, ...]:
             item.user_id,
             item.limits.plain(),
             item.clear_reduce_only,
+            item.operator,
+            item.note,
         )
     return (_TAGS[type(item)], *item)
 
@@ -67,7 +72,7 @@ def item_from_plain(data: tuple[Any, ...]) -> ParkedItem:
     if tag == "event":
         return ParkedEvent(data[1], MatcherEvent(*data[2]))
     if tag == "limits":
-        return SetRiskLimits(data[1], data[2], RiskLimits(*data[3]), data[4])
+        return SetRiskLimits(data[1], data[2], RiskLimits(*data[3]), data[4], *data[5:7])
     kind = _KINDS.get(tag)
     if kind is None:
         raise SnapshotFormatError(f"unknown parked command {tag!r}")
@@ -80,6 +85,7 @@ _TAGS: dict[type, str] = {
     CancelOrder: "cancel",
     Deposit: "deposit",
     Withdraw: "withdraw",
+    UserControl: "control",
 }
 _KINDS: dict[str, Any] = {tag: kind for kind, tag in _TAGS.items()}
 
@@ -137,6 +143,7 @@ def actor_plain(actor: UserActor) -> tuple[Any, ...]:
             tuple(item_plain(command) for command in wait.parked),
         ),
         tuple(actor.event_sequences.items()),
+        actor.trading_halted,
     )
 
 
@@ -165,7 +172,7 @@ def actor_from_plain(data: tuple[Any, ...]) -> UserActor:
         failures,
         wait,
         event_sequences,
-    ) = data
+    ) = data[:23]
     actor = UserActor(user_id, epoch, last_active_ms, TokenBucket(*bucket))
     actor.db_version = db_version
     actor.user_seq = user_seq
@@ -188,6 +195,7 @@ def actor_from_plain(data: tuple[Any, ...]) -> UserActor:
     actor.limits = NO_LIMITS if restored_limits == NO_LIMITS else restored_limits
     actor.reduce_only = reduce_only
     actor.peak_equity = peak_equity
+    actor.trading_halted = bool(data[23]) if len(data) > 23 else False  # before version 4
     actor.recency_seq = recency_seq
     actor.failures = list(failures)
     if wait is not None:

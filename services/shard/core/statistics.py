@@ -72,6 +72,10 @@ COUNTER_NAMES = (
     "refused_not_owner",
     "leaving_evictions",
     "hydrations_not_owned",
+    "operator_commands",
+    "operator_commands_refused",
+    "operator_restarts",
+    "refused_trading_halted",
 )
 
 
@@ -140,6 +144,10 @@ class ShardCounters:
     refused_not_owner: int
     leaving_evictions: int
     hydrations_not_owned: int
+    operator_commands: int
+    operator_commands_refused: int
+    operator_restarts: int
+    refused_trading_halted: int
 
     def __init__(self) -> None:
         for name in COUNTER_NAMES:

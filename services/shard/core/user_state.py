@@ -46,3 +46,4 @@ class UserState:
     risk_limits: RiskLimits = field(default_factory=RiskLimits)
     reduce_only: bool = False
     peak_equity: int = 0
+    trading_halted: bool = False  # an operator's halt: places and withdrawals refused
