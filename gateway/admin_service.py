@@ -8,6 +8,8 @@
 - KillSwitch: every matcher group (a user's orders may rest in any of them).
 - CreateApiKey / ListApiKeys / RevokeApiKey / RotateApiKey: a user's keys
   (`gateway/key_admin.py`).
+- SetRiskLimits / HaltUser / ResumeUser / RestartUser / ListUsers / ListAdminAudit:
+  an operator's controls of one user, logged and audited (`gateway/user_admin.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gateway.clusters import PersisterPool
 from gateway.key_admin import KeyAdmin
 from gateway.matcher_control import MatcherControl
 from gateway.routing import ShardRouter
+from gateway.user_admin import UserAdmin
 from gateway.validation import RequestValidator, check_user_id
 from protos.oms.v1 import gateway_pb2, matcher_pb2, persister_pb2
 
@@ -49,6 +52,7 @@ class AdminService:
         self.persister = persister
         self.matchers = matchers
         self.keys = KeyAdmin(persister)
+        self.users = UserAdmin(router, persister)
 
     async def create_user(
         self, request: gateway_pb2.CreateUserRequest, context: Context
@@ -137,6 +141,14 @@ class AdminService:
             "ListApiKeys": call(self.keys.list, g.ListApiKeysRequest, g.ApiKeys),
             "RevokeApiKey": call(self.keys.revoke, g.RevokeApiKeyRequest, g.ApiKey),
             "RotateApiKey": call(self.keys.rotate, g.RotateApiKeyRequest, g.ApiKeyCreated),
+            "SetRiskLimits": call(self.users.set_risk_limits, g.SetRiskLimitsRequest, g.AdminAck),
+            "HaltUser": call(self.users.halt_user, g.UserControlRequest, g.AdminAck),
+            "ResumeUser": call(self.users.resume_user, g.UserControlRequest, g.AdminAck),
+            "RestartUser": call(self.users.restart_user, g.UserControlRequest, g.AdminAck),
+            "ListUsers": call(self.users.list_users, g.ListUsersRequest, g.UserSummaries),
+            "ListAdminAudit": call(
+                self.users.list_admin_audit, g.ListAdminAuditRequest, g.AdminAuditEntries
+            ),
         }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)

@@ -313,6 +313,62 @@ class AdminClient(_SignedClient):
         )
         return ack
 
+    # --- one user's controls (logged and audited) -----------------------------------------
+
+    async def set_risk_limits(
+        self,
+        user_id: int,
+        limits: shard_pb2.RiskLimits,
+        *,
+        clear_reduce_only: bool = False,
+        note: str = "",
+    ) -> gateway_pb2.AdminAck:
+        request = gateway_pb2.SetRiskLimitsRequest(
+            user_id=user_id, risk_limits=limits, clear_reduce_only=clear_reduce_only, note=note
+        )
+        ack: gateway_pb2.AdminAck = await self._signed.unary(
+            ADMIN_SERVICE + "SetRiskLimits", request, gateway_pb2.AdminAck
+        )
+        return ack
+
+    async def halt_user(self, user_id: int, *, note: str = "") -> gateway_pb2.AdminAck:
+        return await self._user_control("HaltUser", user_id, note)
+
+    async def resume_user(self, user_id: int, *, note: str = "") -> gateway_pb2.AdminAck:
+        return await self._user_control("ResumeUser", user_id, note)
+
+    async def restart_user(self, user_id: int, *, note: str = "") -> gateway_pb2.AdminAck:
+        return await self._user_control("RestartUser", user_id, note)
+
+    async def _user_control(self, method: str, user_id: int, note: str) -> gateway_pb2.AdminAck:
+        request = gateway_pb2.UserControlRequest(user_id=user_id, note=note)
+        ack: gateway_pb2.AdminAck = await self._signed.unary(
+            ADMIN_SERVICE + method, request, gateway_pb2.AdminAck
+        )
+        return ack
+
+    async def list_users(
+        self, *, after_user_id: int = 0, limit: int = 0
+    ) -> gateway_pb2.UserSummaries:
+        page: gateway_pb2.UserSummaries = await self._signed.unary(
+            ADMIN_SERVICE + "ListUsers",
+            gateway_pb2.ListUsersRequest(after_user_id=after_user_id, limit=limit),
+            gateway_pb2.UserSummaries,
+        )
+        return page
+
+    async def list_admin_audit(
+        self, *, user_id: int = 0, before_audit_id: int = 0, limit: int = 0
+    ) -> gateway_pb2.AdminAuditEntries:
+        page: gateway_pb2.AdminAuditEntries = await self._signed.unary(
+            ADMIN_SERVICE + "ListAdminAudit",
+            gateway_pb2.ListAdminAuditRequest(
+                user_id=user_id, before_audit_id=before_audit_id, limit=limit
+            ),
+            gateway_pb2.AdminAuditEntries,
+        )
+        return page
+
     # --- API keys -------------------------------------------------------------------------
 
     async def create_api_key(

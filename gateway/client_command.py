@@ -1,5 +1,6 @@
 """`oms client place|cancel|orders|order|history|fills|balances|positions`: the public API;
-`oms client keys ...`, a user's API keys through the admin API (`gateway/key_command.py`).
+`oms client keys ...`, a user's API keys through the admin API (`gateway/key_command.py`);
+`oms client admin ...`, an operator's controls of one user (`gateway/admin_command.py`).
 
 The key signs every call: `--api-key/--api-secret/--user-id` or OMS_API_KEY,
 OMS_API_SECRET, OMS_USER_ID; the gateway is `--gateway` or OMS_GATEWAY_ADDRESS.
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.admin_command import register_admin
 from gateway.client import GatewayCallError, OmsClient
 from gateway.key_command import read_private_key, register_keys
 from gateway.settings import ClientSettings
@@ -60,6 +62,7 @@ def register(subparsers: Any) -> None:
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     register_keys(actions)
+    register_admin(actions)
 
     place = actions.add_parser("place", help="place one order")
     place.add_argument("symbol", help="e.g. BTC-USDT")

@@ -107,6 +107,18 @@ class TradeStream:
             request_serializer=gateway_pb2.TradeRequestBatch.SerializeToString,
             response_deserializer=gateway_pb2.TradeResponseBatch.FromString,
         )(self._requests(), metadata=self._signed.metadata(self.METHOD, None))
+        # Nothing is written before the gateway admits the stream (its initial metadata):
+        # a refusal racing a write could otherwise reach us as INTERNAL (grpc/grpc#36066).
+        try:
+            await self._call.initial_metadata()
+        except grpc.aio.AioRpcError as error:
+            raise GatewayCallError.of(error) from error
+        if self._call.done():
+            try:
+                await self._call.read()
+            except grpc.aio.AioRpcError as error:
+                raise GatewayCallError.of(error) from error
+            raise GatewayCallError(grpc.StatusCode.OK, "", "the stream ended at its start")
         self._reader = asyncio.create_task(self._read())
         return self
 

@@ -142,9 +142,11 @@ class PersisterPool:
         # user, and the client's retry with the same id answers USER_EXISTS either way.
         return await next(iter(self._in_turn())).create_user(new_user)
 
-    async def key_admin(self, call: str, request: Message, response_type: type[AnswerT]) -> AnswerT:
-        """An API-key call on one persister (the keys live in the shared database)."""
-        return await next(iter(self._in_turn())).key_admin(call, request, response_type)
+    async def admin_call(
+        self, call: str, request: Message, response_type: type[AnswerT]
+    ) -> AnswerT:
+        """An admin call on one persister (keys, users and the audit: the shared database)."""
+        return await next(iter(self._in_turn())).admin_call(call, request, response_type)
 
     def _in_turn(self) -> list[PersisterClient]:
         clusters = list(self.clusters())

@@ -88,7 +88,7 @@ class KeyAdmin:
             raise invalid_field("expires_at_ms", "in the future (wall time, ms), or 0: never")
         if len(request.label) > MAX_LABEL_CHARACTERS or not request.label.isprintable():
             raise invalid_field("label", f"at most {MAX_LABEL_CHARACTERS} printable characters")
-        created = await self.persister.key_admin(
+        created = await self.persister.admin_call(
             "CreateApiKey",
             persister_pb2.NewApiKey(
                 user_id=request.user_id,
@@ -107,7 +107,7 @@ class KeyAdmin:
         self, request: gateway_pb2.ListApiKeysRequest, context: Context
     ) -> gateway_pb2.ApiKeys:
         check_user_id(request.user_id)
-        listed = await self.persister.key_admin(
+        listed = await self.persister.admin_call(
             "ListApiKeys",
             persister_pb2.ApiKeyListQuery(user_id=request.user_id),
             persister_pb2.ApiKeyList,
@@ -118,7 +118,7 @@ class KeyAdmin:
         self, request: gateway_pb2.RevokeApiKeyRequest, context: Context
     ) -> gateway_pb2.ApiKey:
         _check_api_key(request.api_key)
-        revoked = await self.persister.key_admin(
+        revoked = await self.persister.admin_call(
             "RevokeApiKey",
             persister_pb2.ApiKeyRevocation(api_key=request.api_key, actor=self._actor()),
             persister_pb2.ApiKeyInfo,
@@ -131,7 +131,7 @@ class KeyAdmin:
         _check_api_key(request.api_key)
         if request.public_key and len(request.public_key) != ED25519_PUBLIC_KEY_BYTES:
             raise invalid_field("public_key", "the raw 32-byte Ed25519 public key")
-        rotated = await self.persister.key_admin(
+        rotated = await self.persister.admin_call(
             "RotateApiKey",
             persister_pb2.ApiKeyRotation(
                 api_key=request.api_key, public_key=request.public_key, actor=self._actor()

@@ -34,12 +34,16 @@ from services.settings import SettingsError, load_settings
 SCOPES = {"read": common_pb2.API_KEY_SCOPE_READ, "trade": common_pb2.API_KEY_SCOPE_TRADE}
 
 
-def register_keys(actions: Any) -> None:
-    keys = actions.add_parser("keys", help="a user's API keys (the admin key is needed)")
-    keys.add_argument("--admin-key", default=None, dest="admin_key", help="env OMS_ADMIN_API_KEY")
-    keys.add_argument(
+def add_admin_key_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--admin-key", default=None, dest="admin_key", help="env OMS_ADMIN_API_KEY")
+    parser.add_argument(
         "--admin-secret", default=None, dest="admin_secret", help="env OMS_ADMIN_API_SECRET"
     )
+
+
+def register_keys(actions: Any) -> None:
+    keys = actions.add_parser("keys", help="a user's API keys (the admin key is needed)")
+    add_admin_key_arguments(keys)
     verbs = keys.add_subparsers(dest="verb", required=True, metavar="VERB")
     create = verbs.add_parser("create", help="a new key for --user-id")
     create.add_argument("--ed25519-public-key-file", type=Path, default=None, dest="public_key")
@@ -83,7 +87,7 @@ def _raw_public_key(path: Path | None) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-def _admin(arguments: argparse.Namespace) -> AdminClient:
+def admin_client(arguments: argparse.Namespace) -> AdminClient:
     settings = load_settings(ClientSettings, overrides={"gateway_address": arguments.gateway})
     key = arguments.admin_key or os.environ.get("OMS_ADMIN_API_KEY", "")
     secret = arguments.admin_secret or os.environ.get("OMS_ADMIN_API_SECRET", "")
@@ -101,21 +105,26 @@ def _user_id(arguments: argparse.Namespace) -> int:
     return int(user_id)
 
 
-def _run(arguments: argparse.Namespace, action: Callable[[AdminClient], Awaitable[None]]) -> int:
-    async def call() -> None:
-        async with _admin(arguments) as admin:
-            await action(admin)
+def run_admin(
+    arguments: argparse.Namespace,
+    action: Callable[[AdminClient], Awaitable[int | None]],
+    command: str = "oms client keys",
+) -> int:
+    """Run `action` with the admin client: its status (0 if None), 1 refused, 2 bad usage."""
+
+    async def call() -> int | None:
+        async with admin_client(arguments) as admin:
+            return await action(admin)
 
     try:
-        asyncio.run(call())
+        return asyncio.run(call()) or 0
     except (SettingsError, OSError) as error:
-        print(f"oms client keys: {error}", file=sys.stderr)
+        print(f"{command}: {error}", file=sys.stderr)
         return 2
     except GatewayCallError as error:
         reason = error.reason.removeprefix("GATEWAY_ERROR_REASON_") or error.code.name
         print(f"refused: {reason}: {error.detail}", file=sys.stderr)
         return 1
-    return 0
 
 
 def describe(key: gateway_pb2.ApiKey) -> str:
@@ -150,7 +159,7 @@ def run_create(arguments: argparse.Namespace) -> int:
         )
         _print_created(created)
 
-    return _run(arguments, action)
+    return run_admin(arguments, action)
 
 
 def run_list(arguments: argparse.Namespace) -> int:
@@ -158,14 +167,14 @@ def run_list(arguments: argparse.Namespace) -> int:
         for key in await admin.list_api_keys(_user_id(arguments)):
             print(describe(key))
 
-    return _run(arguments, action)
+    return run_admin(arguments, action)
 
 
 def run_revoke(arguments: argparse.Namespace) -> int:
     async def action(admin: AdminClient) -> None:
         print(describe(await admin.revoke_api_key(arguments.api_key)))
 
-    return _run(arguments, action)
+    return run_admin(arguments, action)
 
 
 def run_rotate(arguments: argparse.Namespace) -> int:
@@ -173,7 +182,7 @@ def run_rotate(arguments: argparse.Namespace) -> int:
         public_key = _raw_public_key(arguments.public_key)
         _print_created(await admin.rotate_api_key(arguments.api_key, public_key=public_key))
 
-    return _run(arguments, action)
+    return run_admin(arguments, action)
 
 
 def run_new_ed25519(arguments: argparse.Namespace) -> int:

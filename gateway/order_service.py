@@ -153,6 +153,11 @@ class OrderService:
     async def trade(
         self, requests: AsyncIterator[gateway_pb2.TradeRequestBatch], context: Context
     ) -> AsyncIterator[gateway_pb2.TradeResponseBatch]:
+        # Admitted (the interceptor authenticated and authorized the stream): say so at
+        # once. A client that waits for this before writing never races a refusal, whose
+        # status grpc.aio can lose to a write issued as it arrives (grpc/grpc#36066: the
+        # client then sees INTERNAL "Internal error from Core" instead).
+        await context.send_initial_metadata(())
         session = TradeSession(
             caller.get(),
             check=self.check_trade_request,

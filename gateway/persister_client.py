@@ -136,10 +136,13 @@ class PersisterClient:
         except grpc.aio.AioRpcError as error:
             raise self._unavailable("Prefetch", error) from error
 
-    async def key_admin(self, call: str, request: Message, response_type: type[AnswerT]) -> AnswerT:
-        """One of the persister's API-key calls (CreateApiKey, ListApiKeys, RevokeApiKey,
-        RotateApiKey), its refusals as the gateway's reasons. Not retried elsewhere: a
-        create that timed out may have made a key, which ListApiKeys shows."""
+    async def admin_call(
+        self, call: str, request: Message, response_type: type[AnswerT]
+    ) -> AnswerT:
+        """One of the persister's admin calls (CreateApiKey, ListApiKeys, RevokeApiKey,
+        RotateApiKey, ListStoredUsers, ListAdminAudit), its refusals as the gateway's
+        reasons. Not retried elsewhere: a create that timed out may have made a key,
+        which ListApiKeys shows."""
         try:
             stub = await self._stub()
             answer: AnswerT = await getattr(stub, call)(request, timeout=self.timeout_s)

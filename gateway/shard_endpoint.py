@@ -73,6 +73,20 @@ class ShardEndpoint:
         except grpc.aio.AioRpcError as error:
             raise self._query_failed("GetActor", error) from error
 
+    async def actor_batch(self, user_ids: list[int]) -> shard_pb2.ActorBatch:
+        """Many users' actors in one call, one view per id in order, as of one position."""
+        self._refuse_if_away("GetActorBatch")
+        try:
+            stub = await self.stub()
+            batch: shard_pb2.ActorBatch = await stub.GetActorBatch(
+                shard_pb2.ActorBatchQuery(user_ids=user_ids),
+                timeout=self.timeout_s,
+                wait_for_ready=True,
+            )
+            return batch
+        except grpc.aio.AioRpcError as error:
+            raise self._query_failed("GetActorBatch", error) from error
+
     async def applied_position(self) -> int:
         self._refuse_if_away("GetStatus")
         try:

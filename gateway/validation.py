@@ -18,6 +18,7 @@ from services.markets.catalog import INT64_MAX, Market, MarketCatalog
 MAX_CLIENT_ORDER_ID = 64
 MAX_ORDER_ID = 128
 MAX_TRANSFER_ID = 64
+MAX_NOTE_CHARS = 256
 PPM = 1_000_000
 MAX_EXPIRY_AHEAD_MS = 366 * 24 * 3600 * 1000  # GTD at most about a year ahead
 
@@ -160,15 +161,25 @@ class RequestValidator:
             raise out_of_range("user_id", "exceeds int64")
         if request.tier not in TIERS:
             raise invalid_field("tier", "not a known tier")
-        for field, value in (
-            ("max_order_notional", request.risk_limits.max_order_notional),
-            ("max_position_lots", request.risk_limits.max_position_lots),
-            ("max_open_orders", request.risk_limits.max_open_orders),
-            ("price_band_bps", request.risk_limits.price_band_bps),
-            ("max_drawdown", request.risk_limits.max_drawdown),
-        ):
-            if value < 0:
-                raise out_of_range(f"risk_limits.{field}", "must be >= 0 (0: no limit)")
+        check_risk_limits(request.risk_limits)
+
+
+def check_risk_limits(limits: shard_pb2.RiskLimits) -> None:
+    for field, value in (
+        ("max_order_notional", limits.max_order_notional),
+        ("max_position_lots", limits.max_position_lots),
+        ("max_open_orders", limits.max_open_orders),
+        ("price_band_bps", limits.price_band_bps),
+        ("max_drawdown", limits.max_drawdown),
+    ):
+        if value < 0:
+            raise out_of_range(f"risk_limits.{field}", "must be >= 0 (0: no limit)")
+
+
+def check_note(note: str) -> None:
+    """An operator's note: free text, but bounded (it is logged and audited)."""
+    if len(note) > MAX_NOTE_CHARS:
+        raise out_of_range("note", f"at most {MAX_NOTE_CHARS} characters")
 
 
 def check_user_id(user_id: int) -> None:

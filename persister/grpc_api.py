@@ -21,6 +21,14 @@ import structlog
 
 from persister import answers
 from persister.accounts import UserExistsError, create_user, new_user_problem
+from persister.admin_reads import (
+    audit_row,
+    key_problem,
+    page_size,
+    read_audit_page,
+    read_user_page,
+    stored_user,
+)
 from persister.answers import AnswerSink
 from persister.api_keys import (
     KeyRevokedError,
@@ -246,6 +254,38 @@ class PersisterApi:
             orders=[persister_pb2.StoredOrder(**row) for row in page.rows], more=page.more
         )
 
+    async def list_stored_users(
+        self, request: persister_pb2.StoredUserPageQuery, context: Context
+    ) -> persister_pb2.StoredUserPage:
+        size = page_size(request.limit)
+        problem = key_problem(request.after_user_id, "after_user_id")
+        if size is None or problem:
+            detail = problem or "limit must be at most 1000"
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, detail)
+        async with self.store.session() as session:
+            page = await read_user_page(session, request.after_user_id, size)
+        try:
+            users = [stored_user(row) for row in page.rows]
+        except StoredStateError as error:
+            await abort(context, grpc.StatusCode.DATA_LOSS, _UNSPECIFIED, str(error))
+        return persister_pb2.StoredUserPage(users=users, more=page.more)
+
+    async def list_admin_audit(
+        self, request: persister_pb2.AdminAuditQuery, context: Context
+    ) -> persister_pb2.AdminAuditPage:
+        size = page_size(request.limit)
+        problem = key_problem(request.user_id, "user_id") or key_problem(
+            request.before_audit_id, "before_audit_id"
+        )
+        if size is None or problem:
+            detail = problem or "limit must be at most 1000"
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, detail)
+        async with self.store.session() as session:
+            page = await read_audit_page(session, request.user_id, request.before_audit_id, size)
+        return persister_pb2.AdminAuditPage(
+            rows=[audit_row(row) for row in page.rows], more=page.more
+        )
+
     async def list_fills(
         self, request: persister_pb2.FillPageQuery, context: Context
     ) -> persister_pb2.FillPage:
@@ -330,6 +370,14 @@ class PersisterApi:
             ),
             "ListFills": unary(
                 self.list_fills, persister_pb2.FillPageQuery, persister_pb2.FillPage
+            ),
+            "ListStoredUsers": unary(
+                self.list_stored_users,
+                persister_pb2.StoredUserPageQuery,
+                persister_pb2.StoredUserPage,
+            ),
+            "ListAdminAudit": unary(
+                self.list_admin_audit, persister_pb2.AdminAuditQuery, persister_pb2.AdminAuditPage
             ),
             "Prefetch": unary(
                 self.prefetch, persister_pb2.PrefetchRequest, persister_pb2.PrefetchAck

@@ -31,6 +31,7 @@ from persister.counters import Counters
 from persister.cursor import write_cursor
 from persister.errors import ConflictError, RowRejected, StoreUnavailable
 from persister.flushes import Flush, FlushOutcome, write_flushes
+from persister.operator_audit import AuditRow, insert_audit_rows
 from persister.order_rows import InsertReport, NewOrder, OrderChange, insert_orders, update_orders
 from persister.store import Session, Store
 from persister.trade_rows import FillReport, FillRow, LedgerRow, insert_fills, insert_ledger
@@ -50,6 +51,7 @@ COUNTERS = (
     "order_updates_skipped",
     "fills_inserted",
     "ledger_rows_inserted",
+    "audit_rows_inserted",
     "conflicts_absorbed",
     "replayed_rows",
     "duplicate_command_reached_db",
@@ -200,7 +202,7 @@ class WriteBehind:
 
     async def _write_batch(self, session: Session, ops: list[Op]) -> _Outcome:
         outcome = _Outcome()
-        orders, changes, fills, ledger, flushes = _split(ops)
+        orders, changes, fills, ledger, flushes, audits = _split(ops)
         if orders:
             self._count_orders(outcome, await insert_orders(session, orders, self.shard_id))
         if changes:
@@ -214,6 +216,10 @@ class WriteBehind:
             outcome.add("ledger_rows_inserted", len(ledger) - replayed)
             outcome.add("replayed_rows", replayed)
             outcome.add("conflicts_absorbed", replayed)
+        if audits:
+            replayed = await insert_audit_rows(session, audits, self.shard_id)
+            outcome.add("audit_rows_inserted", len(audits) - replayed)
+            outcome.add("replayed_rows", replayed)
         if flushes:
             outcome.flushes = await write_flushes(session, flushes, self.shard_id)
         return outcome
@@ -264,12 +270,15 @@ class WriteBehind:
 
 def _split(
     ops: list[Op],
-) -> tuple[list[NewOrder], list[OrderChange], list[FillRow], list[LedgerRow], list[Flush]]:
+) -> tuple[
+    list[NewOrder], list[OrderChange], list[FillRow], list[LedgerRow], list[Flush], list[AuditRow]
+]:
     orders: list[NewOrder] = []
     latest: dict[str, OrderChange] = {}
     fills: list[FillRow] = []
     ledger: list[LedgerRow] = []
     flushes: list[Flush] = []
+    audits: list[AuditRow] = []
     for op in ops:
         if isinstance(op, LedgerRow):
             ledger.append(op)
@@ -279,15 +288,17 @@ def _split(
             orders.append(op)
         elif isinstance(op, FillRow):
             fills.append(op)
+        elif isinstance(op, AuditRow):
+            audits.append(op)
         else:
             flushes.append(op)
-    return orders, list(latest.values()), fills, ledger, flushes
+    return orders, list(latest.values()), fills, ledger, flushes, audits
 
 
 def _write_order(ops: list[Op]) -> list[Op]:
     """Inserts before the updates that may touch them, as in a batch."""
-    orders, changes, fills, ledger, flushes = _split(ops)
-    return [*orders, *changes, *fills, *ledger, *flushes]
+    orders, changes, fills, ledger, flushes, audits = _split(ops)
+    return [*orders, *changes, *fills, *ledger, *audits, *flushes]
 
 
 def _flush_answer(outcome: FlushOutcome) -> shard_pb2.ShardCommand:

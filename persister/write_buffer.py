@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 
 from persister.flushes import Flush
+from persister.operator_audit import AuditRow
 from persister.order_rows import NewOrder, OrderChange
 from persister.trade_rows import FillRow, LedgerRow
 from protos.oms.v1 import shard_pb2
 
-Op = NewOrder | OrderChange | FillRow | LedgerRow | Flush
-WRITE_KINDS = ("submit", "order_update", "fill", "ledger", "begin_dehydrate")
+Op = NewOrder | OrderChange | FillRow | LedgerRow | Flush | AuditRow
+WRITE_KINDS = ("submit", "order_update", "fill", "ledger", "begin_dehydrate", "operator_audit")
 
 
 class WriteBuffer:
@@ -35,6 +36,7 @@ class WriteBuffer:
         self._open_orders: dict[str, NewOrder] = {}  # buffered and not taken
         self._last_position = start_position
         self._ledger_index = 0  # of the next ledger item at _last_position
+        self._audit_index = 0  # of the next operator audit item at _last_position
         self._complete_through = start_position
         self.work = asyncio.Event()  # set while complete positions await a write
         self._room = asyncio.Event()
@@ -65,6 +67,7 @@ class WriteBuffer:
         if position != self._last_position:
             self._last_position = position
             self._ledger_index = 0
+            self._audit_index = 0
         time_ms = item.stamp.consensus_time_ms
         kind = item.WhichOneof("egress")
         if kind == "ledger":
@@ -117,6 +120,9 @@ class WriteBuffer:
             )
         elif kind == "begin_dehydrate":
             self._append(Flush.from_egress(item.begin_dehydrate, position))
+        elif kind == "operator_audit":
+            self._append(AuditRow.from_egress(item, self._audit_index))
+            self._audit_index += 1
         else:
             raise ValueError(f"not a write-behind egress kind: {kind}")
 
@@ -137,6 +143,7 @@ class WriteBuffer:
         del self._ops[keep:]
         self._last_position = self._complete_through
         self._ledger_index = 0
+        self._audit_index = 0
         self._update_room()
 
     # --- draining (the writer) ----------------------------------------------------------

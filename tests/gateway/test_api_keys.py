@@ -122,7 +122,8 @@ async def test_a_read_only_key_reads_and_is_refused_every_trading_call(
                     "ro-2", BTC, C.SIDE_BUY, price_ticks=PRICE, quantity_lots=1
                 )
                 await stream.submit([request])
-        assert stream_refused.value.reason == "GATEWAY_ERROR_REASON_SCOPE_REQUIRED"
+        refused_stream = stream_refused.value
+        assert refused_stream.reason == "GATEWAY_ERROR_REASON_SCOPE_REQUIRED", refused_stream
     # The account's first key still trades: scopes belong to keys, not accounts.
     async with account.client(shared_mesh.gateway.address) as client:
         assert (await _buy(client, "ro-first")).accepted

@@ -14,6 +14,11 @@ Health is a second, independent table (supervision):
     HEALTHY --failure, own invariant broken--> QUARANTINED
     HEALTHY | QUARANTINED --N failures in the window--> HALTED
 
+Health only ever leaves QUARANTINED or HALTED with the actor itself: it is flushed
+(the sweep does it for a quarantined actor once flat and consistent again; an
+operator's restart, `operator_controls.py`, for any flat one) and its next
+hydration builds a new, HEALTHY actor from PostgreSQL.
+
 Mutations of an actor go through the shard, which marks it dirty for the
 incremental state hash; the actor itself only holds data.
 """

@@ -7,8 +7,9 @@ One-for-one, as an actor system's supervisor (seeds/actor-model-risk-engine.txt)
   egress it had produced is discarded;
 - restart: if the actor then fails its own invariant check it is quarantined:
   client commands are refused USER_HALTED until it is evicted and hydrated
-  afresh from the system of record; matcher events still settle, so money never
-  stops moving;
+  afresh from the system of record (by the sweep once it is flat and consistent
+  again, or by an operator's RestartUser once flat); matcher events still settle,
+  so money never stops moving;
 - escalate: `supervision_max_failures` failures within `supervision_window_ms`
   of consensus time halt the actor, with a risk alert.
 

@@ -1,0 +1,179 @@
+"""The admin API's controls of one user, its user list and the audit.
+
+- SetRiskLimits, HaltUser, ResumeUser, RestartUser: logged shard commands
+  (`services/shard/core/operator_controls.py`) routed to the user's shard like any
+  client command, carrying the admin key id as the operator and the caller's note.
+  The shard decides; its `OperatorAudit` egress becomes the `admin_audit` row, so
+  the audit says what was decided at which log position, and replicas agree on it.
+  A refusal for the user's state (USER_NOT_FLAT for a restart) is an AdminAck with
+  `accepted = false` and the reason; an unknown user is NOT_FOUND/UNKNOWN_USER.
+- ListUsers: a page of users from PostgreSQL (every user has a row there), each
+  resident one overlaid with its shard's view now (one GetActorBatch per cluster).
+- ListAdminAudit: the audit rows, newest first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.authentication import caller
+from gateway.clusters import PersisterPool, ShardCluster
+from gateway.errors import GatewayError
+from gateway.routing import ShardRouter
+from gateway.validation import check_note, check_risk_limits, check_user_id
+from protos.oms.v1 import gateway_pb2, persister_pb2, shard_pb2
+
+Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
+G = gateway_pb2
+MAX_PAGE = 1_000
+_CONTROLS = {
+    "halt": shard_pb2.USER_CONTROL_ACTION_HALT_TRADING,
+    "resume": shard_pb2.USER_CONTROL_ACTION_RESUME_TRADING,
+    "restart": shard_pb2.USER_CONTROL_ACTION_RESTART,
+}
+_DONE = {
+    "halt": "trading halted",
+    "resume": "trading resumed",
+    "restart": "flushed to PostgreSQL; its next command hydrates it afresh",
+}
+
+
+def _page_limit(limit: int) -> int:
+    if limit > MAX_PAGE:
+        raise GatewayError(G.GATEWAY_ERROR_REASON_OUT_OF_RANGE, f"limit: at most {MAX_PAGE}")
+    return limit or 100
+
+
+class UserAdmin:
+    def __init__(self, router: ShardRouter, persister: PersisterPool) -> None:
+        self.router = router
+        self.persister = persister
+
+    # --- controls -------------------------------------------------------------------
+
+    async def set_risk_limits(
+        self, request: gateway_pb2.SetRiskLimitsRequest, context: Context
+    ) -> gateway_pb2.AdminAck:
+        check_user_id(request.user_id)
+        check_risk_limits(request.risk_limits)
+        check_note(request.note)
+        command = shard_pb2.ShardCommand()
+        limits = command.set_risk_limits
+        limits.user_id = request.user_id
+        limits.limits.CopyFrom(request.risk_limits)
+        limits.clear_reduce_only = request.clear_reduce_only
+        limits.operator = caller.get().api_key
+        limits.note = request.note
+        result = await self.router.execute(request.user_id, command)
+        return self._ack(request.user_id, result, "risk limits set")
+
+    async def halt_user(
+        self, request: gateway_pb2.UserControlRequest, context: Context
+    ) -> gateway_pb2.AdminAck:
+        return await self._control(request, "halt")
+
+    async def resume_user(
+        self, request: gateway_pb2.UserControlRequest, context: Context
+    ) -> gateway_pb2.AdminAck:
+        return await self._control(request, "resume")
+
+    async def restart_user(
+        self, request: gateway_pb2.UserControlRequest, context: Context
+    ) -> gateway_pb2.AdminAck:
+        return await self._control(request, "restart")
+
+    async def _control(self, request: gateway_pb2.UserControlRequest, which: str) -> G.AdminAck:
+        check_user_id(request.user_id)
+        check_note(request.note)
+        command = shard_pb2.ShardCommand()
+        control = command.user_control
+        control.user_id = request.user_id
+        control.action = _CONTROLS[which]
+        control.operator = caller.get().api_key
+        control.note = request.note
+        result = await self.router.execute(request.user_id, command)
+        return self._ack(request.user_id, result, _DONE[which])
+
+    @staticmethod
+    def _ack(user_id: int, result: shard_pb2.ShardResult, done: str) -> gateway_pb2.AdminAck:
+        reason = result.reject_reason
+        if reason == shard_pb2.SHARD_REJECT_REASON_UNKNOWN_USER:
+            raise GatewayError(G.GATEWAY_ERROR_REASON_UNKNOWN_USER, f"user {user_id} is unknown")
+        if result.accepted:
+            return G.AdminAck(accepted=True, detail=f"user {user_id}: {done}")
+        name = shard_pb2.ShardRejectReason.Name(reason)
+        return G.AdminAck(accepted=False, detail=f"user {user_id}: {name}", reject_reason=reason)
+
+    # --- reads ----------------------------------------------------------------------
+
+    async def list_users(
+        self, request: gateway_pb2.ListUsersRequest, context: Context
+    ) -> gateway_pb2.UserSummaries:
+        query = persister_pb2.StoredUserPageQuery(
+            after_user_id=request.after_user_id, limit=_page_limit(request.limit)
+        )
+        page = await self.persister.admin_call(
+            "ListStoredUsers", query, persister_pb2.StoredUserPage
+        )
+        summaries = [_cold(stored.state) for stored in page.users]
+        by_cluster: dict[str, tuple[ShardCluster, list[int]]] = {}
+        for summary in summaries:
+            cluster = self.router.routing.route(summary.user_id).cluster
+            if cluster is None:
+                continue  # in transit between shards: cold, as far as anyone serves it
+            summary.cluster = cluster.cluster_id
+            by_cluster.setdefault(cluster.cluster_id, (cluster, []))[1].append(summary.user_id)
+        hot: dict[int, shard_pb2.ActorView] = {}
+        for cluster, user_ids in by_cluster.values():
+            batch = await cluster.shard.actor_batch(user_ids)
+            hot.update((view.user_id, view) for view in batch.views if view.resident)
+        for summary in summaries:
+            view = hot.get(summary.user_id)
+            if view is not None:
+                _overlay(summary, view)
+        return G.UserSummaries(users=summaries, more=page.more)
+
+    async def list_admin_audit(
+        self, request: gateway_pb2.ListAdminAuditRequest, context: Context
+    ) -> gateway_pb2.AdminAuditEntries:
+        if request.user_id:
+            check_user_id(request.user_id)
+        query = persister_pb2.AdminAuditQuery(
+            user_id=request.user_id,
+            before_audit_id=request.before_audit_id,
+            limit=_page_limit(request.limit),
+        )
+        page = await self.persister.admin_call(
+            "ListAdminAudit", query, persister_pb2.AdminAuditPage
+        )
+        # The persister's row and the gateway's entry have the same fields by number.
+        entries = [G.AdminAuditEntry.FromString(row.SerializeToString()) for row in page.rows]
+        return G.AdminAuditEntries(entries=entries, more=page.more)
+
+
+def _cold(state: shard_pb2.UserState) -> gateway_pb2.UserSummary:
+    summary = G.UserSummary(
+        user_id=state.user_id,
+        tier=state.tier,
+        lifecycle="cold",
+        health="healthy",
+        trading_halted=state.trading_halted,
+        reduce_only=state.reduce_only,
+        db_version=state.db_version,
+    )
+    summary.risk_limits.CopyFrom(state.risk_limits)
+    summary.balances.extend(state.balances)
+    return summary
+
+
+def _overlay(summary: gateway_pb2.UserSummary, view: shard_pb2.ActorView) -> None:
+    state = view.state
+    summary.resident = True
+    summary.lifecycle = "dehydrating" if view.dehydrating else "resident"
+    summary.health = "halted" if view.halted else "quarantined" if view.quarantined else "healthy"
+    summary.trading_halted = state.trading_halted
+    summary.reduce_only = state.reduce_only
+    summary.risk_limits.CopyFrom(state.risk_limits)
+    summary.open_orders = len(view.open_orders)
+    del summary.balances[:]
+    summary.balances.extend(state.balances)
