@@ -33,7 +33,9 @@ MAX_FEE_PPM = 2_000
 TAKER_FEE_PPM = 2_000
 
 T = TypeVar("T")
-CLIENT_COMMANDS = frozenset({"place", "cancel", "deposit", "withdraw", "set_risk_limits"})
+CLIENT_COMMANDS = frozenset(
+    {"place", "cancel", "deposit", "withdraw", "set_risk_limits", "user_control"}
+)
 _correlation = itertools.count(1)
 # Matcher event sequences are per (matcher group, OMS shard): tests on one shard process
 # share this counter so each new event is the next in sequence.
