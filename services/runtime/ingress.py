@@ -90,6 +90,11 @@ class CommandIngress(Generic[EgressT]):
         self._batches += 1
         return future
 
+    def fill_fraction(self) -> float:
+        """How full the sequencer's queue is: 0 empty, 1 full (senders wait)."""
+        sequencer = self._sequencer
+        return sequencer.pending_entries / max(1, sequencer.settings.max_pending_entries)
+
     def statistics(self) -> IngressStatistics:
         return IngressStatistics(self._batches, self._waits, self._max_wait_ns / 1e6)
 

@@ -157,6 +157,11 @@ class Sequencer(Generic[EgressT]):
         receipt = await self.submit_many((payload,))
         return receipt.first_position, receipt.outputs[0]
 
+    @property
+    def pending_entries(self) -> int:
+        """Commands queued and not yet taken into a record."""
+        return self._pending_entries
+
     async def wait_capacity(self) -> None:
         """Return once the ingress has room again (the backpressure signal)."""
         await self._capacity.wait()

@@ -46,7 +46,7 @@ from services.shard.core.shard_machine import ShardMachine
 from services.shard.egress_frames import EgressFrames, through_position_frame
 from services.shard.result_router import ResultRouter, Stamped
 from services.shard.routing_feed import RoutingFeed
-from services.shard.tick_mailbox import TickMailbox
+from services.shard.tick_mailbox import MarkCadence, TickMailbox
 
 log = structlog.get_logger(__name__)
 _tracer = tracer(__name__)
@@ -79,6 +79,7 @@ class ShardServicer:
         self.saturation_dwell_ms = saturation_dwell_ms
         self.router = ResultRouter()
         self.marks = TickMailbox()
+        self.mark_cadence = MarkCadence()
         self.frames = EgressFrames()
         self.saturation_alerts = 0
         # With etcd, the leader logs each newer routing document (services/routing).
@@ -272,9 +273,9 @@ class ShardServicer:
     async def log_conflated_marks(self) -> None:
         while True:
             await asyncio.sleep(self.mark_interval_ms / 1000)
-            drained = self.marks.drain()
-            if not drained:
+            if not self.marks or not self.mark_cadence.due(self.host.ingress.fill_fraction()):
                 continue
+            drained = self.marks.drain()
             command = shard_pb2.ShardCommand()
             for symbol, price in drained:
                 command.mark_prices.prices.add(symbol=symbol, price_ticks=price)
@@ -343,6 +344,7 @@ class ShardServicer:
         mailbox = self.marks.statistics()
         status.counters["ticks_received"] = mailbox.received
         status.counters["ticks_conflated"] = mailbox.replaced
+        status.counters["mark_batches_deferred"] = self.mark_cadence.deferrals
         return status
 
     # --- background loops -----------------------------------------------------------------
@@ -444,6 +446,7 @@ class ShardServicer:
         mailbox = self.marks.statistics()
         numbers["ticks_received"] = mailbox.received
         numbers["ticks_conflated"] = mailbox.replaced
+        numbers["mark_batches_deferred"] = self.mark_cadence.deferrals
         return numbers
 
 

@@ -28,6 +28,7 @@ from services.shard.core.egress import (
     HydrateRequest,
     RiskAlert,
 )
+from services.shard.core.mailbox import mailbox_full
 from services.shard.core.positions import Position
 from services.shard.core.risk import NO_LIMITS
 from services.shard.core.saga import parked, refused
@@ -57,11 +58,15 @@ class Hydration:
         state = self.state
         counters = state.counters
         pending = state.hydrations.get(user_id)
-        if not isinstance(item, ParkedEvent) and (
-            state.parked_client_commands >= self.max_parked_total
-            or (pending is not None and pending.client_commands >= self.max_parked_per_user)
+        if not isinstance(item, ParkedEvent) and mailbox_full(
+            item,
+            pending.client_commands if pending is not None else 0,
+            state.parked_client_commands,
+            self.max_parked_per_user,
+            self.max_parked_total,
         ):
             counters.refused_backpressure += 1
+            counters.refused_mailbox_full += 1
             out.append(refused(item.correlation_id, RejectReason.BACKPRESSURE, True))
             return
         if pending is None:

@@ -33,6 +33,7 @@ from services.shard.core.egress import (
     SubmitToMatcher,
 )
 from services.shard.core.errors import InjectedFault
+from services.shard.core.mailbox import mailbox_full
 from services.shard.core.orders import OpenOrder, parse_order_id
 from services.shard.core.rate_limit import COST_MILLI_TOKENS
 from services.shard.core.reservations import reserve
@@ -330,11 +331,15 @@ class OrderSaga:
         if wait is None:
             raise RuntimeError("park_behind needs a dedup wait")
         state = self.state
-        if (
-            len(wait.parked) >= self.max_parked_per_user
-            or state.parked_client_commands >= self.max_parked_total
+        if mailbox_full(
+            command,
+            len(wait.parked),
+            state.parked_client_commands,
+            self.max_parked_per_user,
+            self.max_parked_total,
         ):
             state.counters.refused_backpressure += 1
+            state.counters.refused_mailbox_full += 1
             out.append(refused(command.correlation_id, _BACKPRESSURE, True))
             return
         wait.parked.append(command)

@@ -76,6 +76,7 @@ COUNTER_NAMES = (
     "operator_commands_refused",
     "operator_restarts",
     "refused_trading_halted",
+    "refused_mailbox_full",
 )
 
 
@@ -148,6 +149,7 @@ class ShardCounters:
     operator_commands_refused: int
     operator_restarts: int
     refused_trading_halted: int
+    refused_mailbox_full: int
 
     def __init__(self) -> None:
         for name in COUNTER_NAMES:
