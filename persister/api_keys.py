@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from persister.secret_seal import MasterKey
+from persister.secret_seal import MasterKey, key_id_of
 from persister.store import Row, Session, Store
 from persister.user_rows import INT64_MAX
 from protos.oms.v1 import common_pb2, persister_pb2
@@ -299,3 +299,60 @@ async def seal_plaintext_secrets(store: Store, master: MasterKey) -> int:
                 detail={"rows": len(rows)},
             )
     return len(rows)
+
+
+class UnknownMasterKeyError(RuntimeError):
+    """Rows are sealed under a master key the persister was not given."""
+
+
+RESEAL_BATCH = 500
+
+
+async def reseal_retired_secrets(store: Store, master: MasterKey) -> int:
+    """Reseal under the current master key every secret a retired one sealed; how many.
+
+    In batches, each its own transaction with its audit row. Rows another persister
+    is resealing at the same time are skipped (SKIP LOCKED) and left to it. Raises
+    `UnknownMasterKeyError`, before changing anything, if a row is sealed under a key
+    that is neither the current one nor a retired one.
+    """
+    current = master.key_id
+    async with store.session() as session:
+        ids = await session.fetch(
+            "SELECT DISTINCT substring(sealed_secret FROM 2 FOR 8) AS key_id FROM api_keys "
+            "WHERE sealed_secret IS NOT NULL"
+        )
+    unknown = sorted(bytes(row["key_id"]).hex() for row in ids if not master.opens(row["key_id"]))
+    if unknown:
+        raise UnknownMasterKeyError(
+            f"API key secrets are sealed under master key id(s) {', '.join(unknown)}, which "
+            "this persister was not given: add the old key to OMS_PERSISTER_RETIRED_MASTER_KEYS"
+        )
+    resealed = 0
+    while True:
+        async with store.transaction() as session:
+            rows = await session.fetch(
+                "SELECT api_key, sealed_secret FROM api_keys WHERE sealed_secret IS NOT NULL "
+                "AND substring(sealed_secret FROM 2 FOR 8) <> $1 "
+                "ORDER BY api_key LIMIT $2 FOR UPDATE SKIP LOCKED",
+                current,
+                RESEAL_BATCH,
+            )
+            if not rows:
+                return resealed
+            retired = sorted({key_id_of(bytes(row["sealed_secret"])).hex() for row in rows})
+            for row in rows:
+                secret = master.open(row["api_key"], bytes(row["sealed_secret"]))
+                await session.execute(
+                    "UPDATE api_keys SET sealed_secret = $2 WHERE api_key = $1",
+                    row["api_key"],
+                    master.seal(row["api_key"], secret),
+                )
+            await audit(
+                session,
+                actor="persister",
+                action="api_key.reseal",
+                user_id=None,
+                detail={"rows": len(rows), "from_key_ids": retired, "to_key_id": current.hex()},
+            )
+            resealed += len(rows)

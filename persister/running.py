@@ -24,7 +24,11 @@ from collections.abc import AsyncIterator
 
 import structlog
 
-from persister.api_keys import seal_plaintext_secrets
+from persister.api_keys import (
+    UnknownMasterKeyError,
+    reseal_retired_secrets,
+    seal_plaintext_secrets,
+)
 from persister.cursor import read_cursor
 from persister.mesh_identity import MeshIdentity, bind_etcd, claim_database
 from persister.migrations import apply_migrations
@@ -51,10 +55,14 @@ ETCD_RETRY_S = 0.5
 def master_key(settings: PersisterSettings) -> MasterKey:
     """The key sealing HMAC secrets: required, since every user's first key is one."""
     try:
+        retired = [key for key in settings.retired_master_keys.split(",") if key.strip()]
+        if settings.retired_master_keys_file is not None:
+            lines = settings.retired_master_keys_file.read_text().splitlines()
+            retired += [line for line in lines if line.strip()]
         if settings.master_key_file is not None:
-            return MasterKey.from_file(settings.master_key_file)
+            return MasterKey.from_file(settings.master_key_file, retired)
         if settings.master_key:
-            return MasterKey.from_text(settings.master_key)
+            return MasterKey.from_text(settings.master_key, retired)
     except (OSError, ValueError) as error:
         raise SettingsError(f"the persister's master key: {error}") from error
     raise SettingsError(
@@ -94,6 +102,12 @@ async def serve(settings: PersisterSettings) -> None:
         sealed = await seal_plaintext_secrets(store, master)
         if sealed:
             log.info("persister.secrets_sealed", rows=sealed)
+        try:
+            resealed = await reseal_retired_secrets(store, master)
+        except UnknownMasterKeyError as error:
+            raise SettingsError(str(error)) from error
+        if resealed:
+            log.info("persister.secrets_resealed", rows=resealed, key_id=master.key_id.hex())
         identity = await claim_database(store, settings.mesh_id)
         if settings.leader_lease or settings.shard_address == FROM_ETCD:
             await _bind_etcd(settings, store, identity)

@@ -12,6 +12,13 @@ row does not open. The key id (the first 8 bytes of SHA-256 over a label and the
 key) says which master key sealed a row, so a wrong key is told apart from a
 damaged row, and a rotation of the master key can find the rows still to reseal.
 Ed25519 keys need none of this: the exchange holds only their public half.
+
+Rotation: the new key becomes `OMS_PERSISTER_MASTER_KEY` and the old one moves to
+`OMS_PERSISTER_RETIRED_MASTER_KEYS`. A `MasterKey` seals with its own key only and
+opens what any of its retired keys sealed; the persister reseals those rows under
+the new key when it starts (`api_keys.reseal_retired_secrets`), after which the old
+key can be dropped from the configuration. A row sealed under a key the persister
+was not given stops its start, rather than leaving users' keys that cannot open.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import base64
 import binascii
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -36,25 +44,39 @@ class SealError(ValueError):
     """A sealed secret that does not open: another master key's, damaged, or moved."""
 
 
+def _key_id(key: bytes) -> bytes:
+    return hashlib.sha256(b"oms-persister-master-key\n" + key).digest()[:KEY_ID_BYTES]
+
+
+def key_id_of(sealed: bytes) -> bytes:
+    """The id of the master key that sealed `sealed` (empty if it is no sealed secret)."""
+    return sealed[1 : 1 + KEY_ID_BYTES] if len(sealed) > HEADER_BYTES else b""
+
+
 class MasterKey:
-    def __init__(self, key: bytes) -> None:
-        if len(key) != MASTER_KEY_BYTES:
-            raise ValueError(f"a master key is {MASTER_KEY_BYTES} bytes, not {len(key)}")
+    def __init__(self, key: bytes, retired: Sequence[bytes] = ()) -> None:
+        for candidate in (key, *retired):
+            if len(candidate) != MASTER_KEY_BYTES:
+                raise ValueError(f"a master key is {MASTER_KEY_BYTES} bytes, not {len(candidate)}")
         self._aead = AESGCM(key)
-        self.key_id = hashlib.sha256(b"oms-persister-master-key\n" + key).digest()[:KEY_ID_BYTES]
+        self.key_id = _key_id(key)
+        # Retired keys open what they sealed; they never seal again.
+        self._openers = {_key_id(old): AESGCM(old) for old in retired}
+        self._openers[self.key_id] = self._aead
+        self.retired_key_ids = tuple(_key_id(old) for old in retired if _key_id(old) != self.key_id)
 
     @classmethod
-    def from_text(cls, text: str) -> MasterKey:
-        """From base64 (standard or URL-safe alphabet) of 32 bytes."""
-        try:
-            key = base64.b64decode(text.strip() + "==", altchars=b"-_", validate=False)
-        except (binascii.Error, ValueError) as error:
-            raise ValueError(f"the master key is not base64: {error}") from error
-        return cls(key)
+    def from_text(cls, text: str, retired: Sequence[str] = ()) -> MasterKey:
+        """From base64 (standard or URL-safe alphabet) of 32 bytes, and the retired keys."""
+        return cls(_decoded(text), [_decoded(old) for old in retired])
 
     @classmethod
-    def from_file(cls, path: Path) -> MasterKey:
-        return cls.from_text(path.read_text())
+    def from_file(cls, path: Path, retired: Sequence[str] = ()) -> MasterKey:
+        return cls.from_text(path.read_text(), retired)
+
+    def opens(self, key_id: bytes) -> bool:
+        """Whether this key, or one it retired, sealed under `key_id`."""
+        return key_id in self._openers
 
     @staticmethod
     def new_text() -> str:
@@ -70,11 +92,19 @@ class MasterKey:
         if len(sealed) <= HEADER_BYTES or sealed[0] != VERSION:
             raise SealError(f"{api_key}: not a sealed secret of version {VERSION}")
         key_id, nonce = sealed[1 : 1 + KEY_ID_BYTES], sealed[1 + KEY_ID_BYTES : HEADER_BYTES]
-        if key_id != self.key_id:
+        opener = self._openers.get(key_id)
+        if opener is None:
             raise SealError(f"{api_key}: sealed under another master key ({key_id.hex()})")
         try:
-            return self._aead.decrypt(nonce, sealed[HEADER_BYTES:], api_key.encode()).decode()
+            return opener.decrypt(nonce, sealed[HEADER_BYTES:], api_key.encode()).decode()
         except InvalidTag as error:
             raise SealError(
                 f"{api_key}: the sealed secret does not open (damaged or moved)"
             ) from error
+
+
+def _decoded(text: str) -> bytes:
+    try:
+        return base64.b64decode(text.strip() + "==", altchars=b"-_", validate=False)
+    except (binascii.Error, ValueError) as error:
+        raise ValueError(f"a master key is not base64: {error}") from error

@@ -83,6 +83,16 @@ class PersisterSettings:
     master_key_file: Path | None = setting(
         env="OMS_PERSISTER_MASTER_KEY_FILE", default=None, help="a file holding the master key"
     )
+    retired_master_keys: str = setting(
+        env="OMS_PERSISTER_RETIRED_MASTER_KEYS",
+        default="",
+        help="master keys replaced by a rotation, base64, comma-separated: they open, never seal",
+    )
+    retired_master_keys_file: Path | None = setting(
+        env="OMS_PERSISTER_RETIRED_MASTER_KEYS_FILE",
+        default=None,
+        help="a file of retired master keys, one per line",
+    )
 
     def problems(self) -> list[str]:
         found = []

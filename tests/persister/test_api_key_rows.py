@@ -4,19 +4,26 @@ The sealing itself without a database: a secret opens under its master key and i
 own key id only. Then on PostgreSQL: a row written before sealing existed (the
 plaintext column) is sealed at the persister's start, reads back the same secret,
 and leaves no plaintext behind; a row sealed under another master key is refused,
-not served.
+not served; a rotated master key reseals every row at start, and a key it was not
+given stops the reseal before anything changes.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from persister.accounts import create_user
-from persister.api_keys import read_credential, seal_plaintext_secrets
+from persister.api_keys import (
+    UnknownMasterKeyError,
+    read_credential,
+    reseal_retired_secrets,
+    seal_plaintext_secrets,
+)
 from persister.migrations import apply_migrations
-from persister.secret_seal import MasterKey, SealError
+from persister.secret_seal import MasterKey, SealError, key_id_of
 from persister.store import Store
 from protos.oms.v1 import common_pb2, persister_pb2
 from tests.persister.persister_client import sql
@@ -97,3 +104,53 @@ async def test_a_secret_sealed_under_another_master_key_is_refused(store: Store)
             await read_credential(session, MASTER, created.api_key)
         credential = await read_credential(session, OTHER, created.api_key)
     assert credential is not None and credential.api_secret == created.api_secret
+
+
+def test_a_rotated_master_key_seals_with_the_new_key_and_opens_what_the_old_sealed() -> None:
+    old_sealed = OTHER.seal("ak_1", "the-secret")
+    rotated = MasterKey(b"m" * 32, retired=[b"o" * 32])
+    assert rotated.key_id == MASTER.key_id and rotated.retired_key_ids == (OTHER.key_id,)
+    assert rotated.open("ak_1", old_sealed) == "the-secret"
+    new_sealed = rotated.seal("ak_1", "the-secret")
+    assert key_id_of(new_sealed) == MASTER.key_id  # a retired key never seals again
+    assert MASTER.open("ak_1", new_sealed) == "the-secret"
+    with pytest.raises(ValueError, match="32 bytes"):
+        MasterKey(b"m" * 32, retired=[b"short"])
+
+
+async def test_a_rotation_reseals_every_secret_under_the_new_key_at_start(
+    store: Store, url: str
+) -> None:
+    created = [await create_user(store, OTHER, persister_pb2.NewUser()) for _ in range(3)]
+    rotated = MasterKey(b"m" * 32, retired=[b"o" * 32])
+    assert await reseal_retired_secrets(store, rotated) == 3
+    assert await reseal_retired_secrets(store, rotated) == 0
+    async with store.session() as session:
+        for user in created:
+            # Once resealed, the old key is no longer needed at all.
+            credential = await read_credential(session, MASTER, user.api_key)
+            assert credential is not None and credential.api_secret == user.api_secret
+    async with sql(url) as connection:
+        detail = await connection.fetchval(
+            "SELECT detail::text FROM admin_audit WHERE action = 'api_key.reseal'"
+        )
+    assert json.loads(detail) == {
+        "rows": 3,
+        "from_key_ids": [OTHER.key_id.hex()],
+        "to_key_id": MASTER.key_id.hex(),
+    }
+
+
+async def test_secrets_under_a_master_key_not_given_stop_the_reseal_and_change_nothing(
+    store: Store, url: str
+) -> None:
+    created = await create_user(store, OTHER, persister_pb2.NewUser())
+    async with sql(url) as connection:
+        before = await connection.fetchval("SELECT sealed_secret FROM api_keys")
+    with pytest.raises(UnknownMasterKeyError, match=OTHER.key_id.hex()):
+        await reseal_retired_secrets(store, MASTER)
+    async with sql(url) as connection:
+        assert await connection.fetchval("SELECT sealed_secret FROM api_keys") == before
+    async with store.session() as session:
+        credential = await read_credential(session, OTHER, created.api_key)
+    assert credential is not None
