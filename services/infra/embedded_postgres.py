@@ -61,6 +61,7 @@ class EmbeddedPostgres:
         server_settings: Mapping[str, str] | None = None,
         startup_timeout: float = 30.0,
         stop_timeout: float = 30.0,
+        bin_dir: Path | None = None,
     ) -> None:
         if not _IDENTIFIER.fullmatch(database):
             raise InfraError(f"database name {database!r} must be a plain lower-case identifier")
@@ -72,6 +73,8 @@ class EmbeddedPostgres:
         self.server_settings = dict(server_settings or {})
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
+        # Another build of PostgreSQL (pgserver's is built without SSL): its bin folder.
+        self.bin_dir = bin_dir
         self.log = ServerLog(self.data_dir / "postgres.log")
         self._process: subprocess.Popen[bytes] | None = None
         self._detached = False
@@ -83,7 +86,15 @@ class EmbeddedPostgres:
     @property
     def bin_path(self) -> Path:
         """Folder of the PostgreSQL client tools (psql, pgbench) matching this server."""
-        return postgres_bin_path()
+        return self.bin_dir if self.bin_dir is not None else postgres_bin_path()
+
+    def _binary(self, name: str) -> Path:
+        if self.bin_dir is None:
+            return postgres_binary(name)
+        binary = self.bin_dir / name
+        if not binary.is_file():
+            raise InfraError(f"{name} not found in {self.bin_dir}")
+        return binary
 
     @property
     def pid(self) -> int | None:
@@ -150,7 +161,7 @@ class EmbeddedPostgres:
     def psql(self, sql: str, database: str = SUPERUSER) -> str:
         """Run one SQL command through psql and return its unaligned, tuples-only output."""
         command = [
-            str(postgres_binary("psql")),
+            str(self._binary("psql")),
             *self._client_arguments(),
             "--dbname",
             database,
@@ -188,7 +199,7 @@ class EmbeddedPostgres:
 
     def _initdb(self, account: PostgresAccount | None) -> None:
         command = [
-            str(postgres_binary("initdb")),
+            str(self._binary("initdb")),
             "--pgdata",
             str(self.data_dir),
             "--auth=trust",
@@ -244,7 +255,7 @@ class EmbeddedPostgres:
             **(FAST_UNSAFE_SETTINGS if self.fast_unsafe else {}),
             **self.server_settings,
         }
-        command = [str(postgres_binary("postgres")), "-D", str(self.data_dir)]
+        command = [str(self._binary("postgres")), "-D", str(self.data_dir)]
         for name, value in settings.items():
             command += ["-c", f"{name}={value}"]
         return command
@@ -253,7 +264,7 @@ class EmbeddedPostgres:
         try:
             result = subprocess.run(
                 [
-                    str(postgres_binary("pg_isready")),
+                    str(self._binary("pg_isready")),
                     *self._client_arguments(),
                     "--dbname",
                     SUPERUSER,
