@@ -133,11 +133,16 @@ async def test_restart_needs_a_flat_user_then_rehydrates_it_from_postgresql(
         )
         assert cold.lifecycle == "cold" and cold.db_version >= 1
         assert {b.asset: b.total for b in cold.balances} == {a: b.total for a, b in before.items()}
-        # The next order hydrates it afresh, with the same money.
+        # A control of a cold user waits for its hydration, then applies.
+        halted = await admin.halt_user(account.user_id)
+        assert halted.accepted, halted
+        assert (await _summary(admin, account.user_id)).trading_halted
+        assert (await admin.resume_user(account.user_id)).accepted
+        # The next order is served by an actor hydrated afresh, with the same money.
         after = await client.place_order(buy(client, "after-restart", 1))
         assert after.accepted, after
         assert (await _summary(admin, account.user_id)).health == "healthy"
-    refusal_row, restart_row = await _audit(admin, account.user_id, 2)
+    refusal_row, restart_row, _, _ = await _audit(admin, account.user_id, 4)
     assert (
         not refusal_row.accepted
         and refusal_row.reject_reason == "SHARD_REJECT_REASON_USER_NOT_FLAT"
@@ -157,6 +162,8 @@ async def test_restart_needs_a_flat_user_then_rehydrates_it_from_postgresql(
     assert [(row["action"], row["accepted"]) for row in rows] == [
         ("restart", False),
         ("restart", True),
+        ("halt_trading", True),
+        ("resume_trading", True),
     ]
 
 
