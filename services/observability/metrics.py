@@ -14,6 +14,10 @@ for every submission it takes into a record.
 
 `OMS_METRICS_LISTEN` (host:port) turns the endpoint on (`GET /metrics`, served by
 prometheus-client's own HTTP server in a thread of its own, off the event loop).
+`OMS_METRICS_TLS=on` serves it over HTTPS with the service's mesh certificate
+(`OMS_TLS_CERT`, `OMS_TLS_KEY`) and asks the scraper for a certificate from the mesh's
+authority (`OMS_TLS_CA`): Prometheus scrapes with a `tls_config` naming the
+authority, its own certificate and `server_name: oms-mesh`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import concurrent.futures
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
@@ -31,7 +36,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from services.settings import load_settings, setting
+from services.settings import SettingsError, load_settings, setting
+from services.transport.tls import TransportSettings
 
 log = structlog.get_logger(__name__)
 PREFIX = "oms"
@@ -136,6 +142,11 @@ class MetricsSettings:
         default="",
         help="host:port of the Prometheus scrape endpoint (GET /metrics); empty: none",
     )
+    tls: bool = setting(
+        env="OMS_METRICS_TLS",
+        default=False,
+        help="HTTPS with the mesh certificate, the scraper's certificate required",
+    )
 
 
 class StatusCollector(Collector):
@@ -210,9 +221,22 @@ def serve_metrics(services: Sequence[tuple[str, StatusNumbers]] = ()) -> None:
     if not settings.listen or _Endpoint.started:
         return
     host, _, port = settings.listen.rpartition(":")
-    server, _ = start_http_server(int(port), addr=host or "0.0.0.0", registry=REGISTRY)
+    tls: dict[str, Any] = {}
+    if settings.tls:
+        files = load_settings(TransportSettings)
+        named = (files.certificate_file, files.key_file, files.authority_file)
+        if None in named:
+            raise SettingsError("OMS_METRICS_TLS=on needs OMS_TLS_CERT, OMS_TLS_KEY, OMS_TLS_CA")
+        certificate, key, authority = (str(path) for path in named)
+        tls = {
+            "certfile": certificate,
+            "keyfile": key,
+            "client_cafile": authority,
+            "client_auth_required": True,
+        }
+    server, _ = start_http_server(int(port), addr=host or "0.0.0.0", registry=REGISTRY, **tls)
     _Endpoint.started = True
-    log.info("metrics.serving", address=f"{host}:{server.server_port}")
+    log.info("metrics.serving", address=f"{host}:{server.server_port}", tls=settings.tls)
 
 
 def numbers_of(status: Callable[[], tuple[Mapping[str, int], Mapping[str, str]]]) -> StatusNumbers:
