@@ -110,9 +110,15 @@ class TradeStream:
         # Nothing is written before the gateway admits the stream (its initial metadata):
         # a refusal racing a write could otherwise reach us as INTERNAL (grpc/grpc#36066).
         try:
-            await self._call.initial_metadata()
+            async with asyncio.timeout(DEFAULT_TIMEOUT_S):
+                await self._call.initial_metadata()
         except grpc.aio.AioRpcError as error:
             raise GatewayCallError.of(error) from error
+        except TimeoutError as error:
+            self._call.cancel()
+            raise GatewayCallError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, "", "the gateway did not open the stream"
+            ) from error
         if self._call.done():
             try:
                 await self._call.read()

@@ -34,7 +34,9 @@ _CONTROLS = {
 _DONE = {
     "halt": "trading halted",
     "resume": "trading resumed",
-    "restart": "flushed to PostgreSQL; its next command hydrates it afresh",
+    # The shard has begun the flush; the user leaves memory once PostgreSQL has it
+    # (ListUsers then shows it cold). Activity before that calls the restart off.
+    "restart": "flush to PostgreSQL started; its next command hydrates it afresh",
 }
 
 
@@ -80,6 +82,17 @@ class UserAdmin:
     async def restart_user(
         self, request: gateway_pb2.UserControlRequest, context: Context
     ) -> gateway_pb2.AdminAck:
+        # The shard accepts a restart of a user it does not hold (nothing to rebuild),
+        # which would say nothing of a user id that has no account: ask PostgreSQL.
+        check_user_id(request.user_id)
+        query = persister_pb2.StoredUserPageQuery(after_user_id=request.user_id - 1, limit=1)
+        page = await self.persister.admin_call(
+            "ListStoredUsers", query, persister_pb2.StoredUserPage
+        )
+        if not page.users or page.users[0].state.user_id != request.user_id:
+            raise GatewayError(
+                G.GATEWAY_ERROR_REASON_UNKNOWN_USER, f"user {request.user_id} is unknown"
+            )
         return await self._control(request, "restart")
 
     async def _control(self, request: gateway_pb2.UserControlRequest, which: str) -> G.AdminAck:

@@ -180,6 +180,9 @@ def check_note(note: str) -> None:
     """An operator's note: free text, but bounded (it is logged and audited)."""
     if len(note) > MAX_NOTE_CHARS:
         raise out_of_range("note", f"at most {MAX_NOTE_CHARS} characters")
+    if not note.isprintable():
+        # No control characters: PostgreSQL text refuses NUL, and the audit row must land.
+        raise invalid_field("note", "printable characters only")
 
 
 def check_user_id(user_id: int) -> None:

@@ -26,7 +26,7 @@ SELECT audit_id, (extract(epoch FROM at) * 1000)::bigint AS at_ms, actor, action
     coalesce(shard_id, '') AS shard_id, coalesce(position, 0) AS position, accepted,
     reject_reason, note
 FROM admin_audit
-WHERE ($1 = 0 OR user_id = $1) AND ($2 = 0 OR audit_id < $2)
+WHERE ($1::bigint = 0 OR user_id = $1::bigint) AND ($2::bigint = 0 OR audit_id < $2::bigint)
 ORDER BY audit_id DESC LIMIT $3
 """
 

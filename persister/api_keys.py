@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from persister.secret_seal import MasterKey, key_id_of
+from persister.secret_seal import MasterKey, SealError, key_id_of
 from persister.store import Row, Session, Store
 from persister.user_rows import INT64_MAX
 from protos.oms.v1 import common_pb2, persister_pb2
@@ -308,13 +308,22 @@ class UnknownMasterKeyError(RuntimeError):
 RESEAL_BATCH = 500
 
 
-async def reseal_retired_secrets(store: Store, master: MasterKey) -> int:
-    """Reseal under the current master key every secret a retired one sealed; how many.
+@dataclass(frozen=True, slots=True)
+class Reseal:
+    resealed: int
+    left: int  # rows still under a retired key: locked elsewhere, damaged, or sealed since
+    damaged: tuple[str, ...]  # API keys whose sealed secret does not open (left as they are)
 
-    In batches, each its own transaction with its audit row. Rows another persister
-    is resealing at the same time are skipped (SKIP LOCKED) and left to it. Raises
-    `UnknownMasterKeyError`, before changing anything, if a row is sealed under a key
-    that is neither the current one nor a retired one.
+
+async def reseal_retired_secrets(store: Store, master: MasterKey) -> Reseal:
+    """Reseal under the current master key every secret a retired one sealed.
+
+    In batches, each its own transaction with its audit row. Rows locked by another
+    transaction (another persister resealing them, a key being rotated) are skipped
+    (SKIP LOCKED) and counted in `left`, as are rows a persister not yet given the new
+    key seals meanwhile: a later start reseals them. A row whose secret does not open
+    is logged and left. Raises `UnknownMasterKeyError`, before changing anything, if a
+    row is sealed under a key that is neither the current one nor a retired one.
     """
     current = master.key_id
     async with store.session() as session:
@@ -329,30 +338,47 @@ async def reseal_retired_secrets(store: Store, master: MasterKey) -> int:
             "this persister was not given: add the old key to OMS_PERSISTER_RETIRED_MASTER_KEYS"
         )
     resealed = 0
+    damaged: list[str] = []
     while True:
         async with store.transaction() as session:
             rows = await session.fetch(
                 "SELECT api_key, sealed_secret FROM api_keys WHERE sealed_secret IS NOT NULL "
                 "AND substring(sealed_secret FROM 2 FOR 8) <> $1 "
+                "AND NOT api_key = ANY($3::text[]) "
                 "ORDER BY api_key LIMIT $2 FOR UPDATE SKIP LOCKED",
                 current,
                 RESEAL_BATCH,
+                damaged,
             )
             if not rows:
-                return resealed
+                break
             retired = sorted({key_id_of(bytes(row["sealed_secret"])).hex() for row in rows})
+            done = 0
             for row in rows:
-                secret = master.open(row["api_key"], bytes(row["sealed_secret"]))
+                try:
+                    secret = master.open(row["api_key"], bytes(row["sealed_secret"]))
+                except SealError:
+                    damaged.append(row["api_key"])
+                    continue
                 await session.execute(
                     "UPDATE api_keys SET sealed_secret = $2 WHERE api_key = $1",
                     row["api_key"],
                     master.seal(row["api_key"], secret),
                 )
-            await audit(
-                session,
-                actor="persister",
-                action="api_key.reseal",
-                user_id=None,
-                detail={"rows": len(rows), "from_key_ids": retired, "to_key_id": current.hex()},
-            )
-            resealed += len(rows)
+                done += 1
+            if done:
+                await audit(
+                    session,
+                    actor="persister",
+                    action="api_key.reseal",
+                    user_id=None,
+                    detail={"rows": done, "from_key_ids": retired, "to_key_id": current.hex()},
+                )
+            resealed += done
+    async with store.session() as session:
+        left = await session.fetchval(
+            "SELECT count(*) FROM api_keys WHERE sealed_secret IS NOT NULL "
+            "AND substring(sealed_secret FROM 2 FOR 8) <> $1",
+            current,
+        )
+    return Reseal(resealed, int(left), tuple(damaged))

@@ -103,11 +103,16 @@ async def serve(settings: PersisterSettings) -> None:
         if sealed:
             log.info("persister.secrets_sealed", rows=sealed)
         try:
-            resealed = await reseal_retired_secrets(store, master)
+            reseal = await reseal_retired_secrets(store, master)
         except UnknownMasterKeyError as error:
             raise SettingsError(str(error)) from error
-        if resealed:
-            log.info("persister.secrets_resealed", rows=resealed, key_id=master.key_id.hex())
+        if reseal.resealed:
+            log.info("persister.secrets_resealed", rows=reseal.resealed, key_id=master.key_id.hex())
+        for api_key in reseal.damaged:
+            log.error("persister.sealed_secret_damaged", api_key=api_key)
+        if reseal.left or master.retired_key_ids:
+            # A retired key may leave the configuration once this says 0 on every start.
+            log.info("persister.secrets_under_retired_keys", rows=reseal.left)
         identity = await claim_database(store, settings.mesh_id)
         if settings.leader_lease or settings.shard_address == FROM_ETCD:
             await _bind_etcd(settings, store, identity)

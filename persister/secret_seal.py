@@ -13,12 +13,19 @@ key) says which master key sealed a row, so a wrong key is told apart from a
 damaged row, and a rotation of the master key can find the rows still to reseal.
 Ed25519 keys need none of this: the exchange holds only their public half.
 
-Rotation: the new key becomes `OMS_PERSISTER_MASTER_KEY` and the old one moves to
-`OMS_PERSISTER_RETIRED_MASTER_KEYS`. A `MasterKey` seals with its own key only and
-opens what any of its retired keys sealed; the persister reseals those rows under
-the new key when it starts (`api_keys.reseal_retired_secrets`), after which the old
-key can be dropped from the configuration. A row sealed under a key the persister
-was not given stops its start, rather than leaving users' keys that cannot open.
+A `MasterKey` seals with its own key only and opens what it or any of its retired
+keys (`OMS_PERSISTER_RETIRED_MASTER_KEYS`) sealed; each persister reseals the rows of
+retired keys under its own when it starts (`api_keys.reseal_retired_secrets`). A
+rotation, with several persisters sharing the database, takes three rolls, so that
+no persister ever meets a row it cannot open:
+1. every persister is given the new key as a retired one (it opens, never seals);
+2. the new key becomes `OMS_PERSISTER_MASTER_KEY` and the old one a retired one: each
+   persister reseals the old rows as it starts, and one not rolled yet still opens
+   what the others resealed;
+3. once every start logs `persister.secrets_under_retired_keys rows=0`, the old key
+   leaves the configuration.
+A row sealed under a key the persister was not given stops its start, rather than
+leaving users' keys that cannot open.
 """
 
 from __future__ import annotations

@@ -25,12 +25,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import re
+import socket
+import ssl
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import structlog
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
@@ -41,6 +46,8 @@ from services.transport.tls import TransportSettings
 
 log = structlog.get_logger(__name__)
 PREFIX = "oms"
+HANDSHAKE_TIMEOUT_S = 5.0  # a scraper that connects and says nothing holds one thread
+CONNECTION_TIMEOUT_S = 30.0  # then each read or write of its request and answer
 SCRAPE_TIMEOUT_S = 5.0  # a loop this busy is itself the news: that service's numbers wait
 StatusNumbers = Callable[[], Mapping[str, int]]
 
@@ -221,22 +228,66 @@ def serve_metrics(services: Sequence[tuple[str, StatusNumbers]] = ()) -> None:
     if not settings.listen or _Endpoint.started:
         return
     host, _, port = settings.listen.rpartition(":")
-    tls: dict[str, Any] = {}
     if settings.tls:
-        files = load_settings(TransportSettings)
-        named = (files.certificate_file, files.key_file, files.authority_file)
-        if None in named:
-            raise SettingsError("OMS_METRICS_TLS=on needs OMS_TLS_CERT, OMS_TLS_KEY, OMS_TLS_CA")
-        certificate, key, authority = (str(path) for path in named)
-        tls = {
-            "certfile": certificate,
-            "keyfile": key,
-            "client_cafile": authority,
-            "client_auth_required": True,
-        }
-    server, _ = start_http_server(int(port), addr=host or "0.0.0.0", registry=REGISTRY, **tls)
+        bound = _serve_tls(host or "0.0.0.0", int(port))
+    else:
+        server, _ = start_http_server(int(port), addr=host or "0.0.0.0", registry=REGISTRY)
+        bound = server.server_port
     _Endpoint.started = True
-    log.info("metrics.serving", address=f"{host}:{server.server_port}", tls=settings.tls)
+    log.info("metrics.serving", address=f"{host}:{bound}", tls=settings.tls)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not worth a log line each."""
+
+
+class _TlsMetricsServer(ThreadingMixIn, WSGIServer):
+    """The scrape endpoint over TLS, each handshake in its connection's own thread.
+
+    prometheus-client's TLS wraps the listening socket, so `accept` does the handshake
+    in the one serving thread, unbounded: a client that connects and sends nothing
+    stalls every scrape. Here the listening socket is plain, and each connection's
+    thread does its handshake within `HANDSHAKE_TIMEOUT_S`.
+    """
+
+    daemon_threads = True
+    context: ssl.SSLContext
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(HANDSHAKE_TIMEOUT_S)
+        tls = self.context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        try:
+            tls.do_handshake()  # no certificate from the mesh's authority: refused here
+            tls.settimeout(CONNECTION_TIMEOUT_S)
+            super().finish_request(tls, client_address)
+        except OSError:
+            pass  # this connection only: refused, reset or silent past the timeout
+        finally:
+            tls.close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("metrics.connection_failed", client=str(client_address))
+
+
+def _serve_tls(host: str, port: int) -> int:
+    """HTTPS with the service's mesh certificate; the scraper's from the mesh's authority."""
+    files = load_settings(TransportSettings)
+    named = (files.certificate_file, files.key_file, files.authority_file)
+    if None in named:
+        raise SettingsError("OMS_METRICS_TLS=on needs OMS_TLS_CERT, OMS_TLS_KEY and OMS_TLS_CA")
+    certificate, key, authority = (str(path) for path in named)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=authority)
+    context.load_cert_chain(certificate, key)
+    context.verify_mode = ssl.CERT_REQUIRED
+
+    class Server(_TlsMetricsServer):
+        address_family = socket.getaddrinfo(host, port)[0][0]
+
+    Server.context = context
+    server = make_server(host, port, make_wsgi_app(REGISTRY), Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-tls", daemon=True).start()
+    return int(server.server_port)
 
 
 def numbers_of(status: Callable[[], tuple[Mapping[str, int], Mapping[str, str]]]) -> StatusNumbers:

@@ -168,8 +168,13 @@ async def test_restart_needs_a_flat_user_then_rehydrates_it_from_postgresql(
 
 
 async def test_controls_of_an_unknown_user_are_refused(admin: AdminClient) -> None:
-    error = await refusal(admin.halt_user(9_000_000_001))
-    assert error.reason == "GATEWAY_ERROR_REASON_UNKNOWN_USER", error
+    for control in (admin.halt_user, admin.restart_user):
+        error = await refusal(control(9_000_000_001))
+        assert error.reason == "GATEWAY_ERROR_REASON_UNKNOWN_USER", error
+    error = await refusal(admin.halt_user(1, note="bad\x00note"))
+    assert error.reason == "GATEWAY_ERROR_REASON_INVALID_FIELD", error
+    # A user id past 2^31 reads its (empty) audit.
+    assert not (await admin.list_admin_audit(user_id=3_000_000_000)).entries
     error = await refusal(admin.halt_user(0))
     assert error.reason == "GATEWAY_ERROR_REASON_INVALID_FIELD", error
 
@@ -205,7 +210,7 @@ def test_oms_client_admin_from_the_command_line(
     code, out = admin_command("resume", str(user_id))
     assert code == 0
     code, out = admin_command("restart", str(user_id))
-    assert code == 0 and "flushed to PostgreSQL" in out
+    assert code == 0 and "flush to PostgreSQL started" in out
 
     async def audit_written() -> None:
         async with shared_mesh.admin() as admin:

@@ -123,8 +123,9 @@ async def test_a_rotation_reseals_every_secret_under_the_new_key_at_start(
 ) -> None:
     created = [await create_user(store, OTHER, persister_pb2.NewUser()) for _ in range(3)]
     rotated = MasterKey(b"m" * 32, retired=[b"o" * 32])
-    assert await reseal_retired_secrets(store, rotated) == 3
-    assert await reseal_retired_secrets(store, rotated) == 0
+    first = await reseal_retired_secrets(store, rotated)
+    assert (first.resealed, first.left, first.damaged) == (3, 0, ())
+    assert (await reseal_retired_secrets(store, rotated)).resealed == 0
     async with store.session() as session:
         for user in created:
             # Once resealed, the old key is no longer needed at all.
@@ -154,3 +155,19 @@ async def test_secrets_under_a_master_key_not_given_stop_the_reseal_and_change_n
     async with store.session() as session:
         credential = await read_credential(session, OTHER, created.api_key)
     assert credential is not None
+
+
+async def test_a_damaged_sealed_secret_is_left_and_reported_and_the_rest_resealed(
+    store: Store, url: str
+) -> None:
+    created = [await create_user(store, OTHER, persister_pb2.NewUser()) for _ in range(3)]
+    async with sql(url) as connection:
+        # Flip the tag's last byte: the row is OTHER's, but no longer opens.
+        await connection.execute(
+            "UPDATE api_keys SET sealed_secret = overlay(sealed_secret PLACING "
+            "decode(lpad(to_hex(get_byte(sealed_secret, length(sealed_secret) - 1) # 1), 2, "
+            "'0'), 'hex') FROM length(sealed_secret)) WHERE api_key = $1",
+            created[0].api_key,
+        )
+    reseal = await reseal_retired_secrets(store, MasterKey(b"m" * 32, retired=[b"o" * 32]))
+    assert (reseal.resealed, reseal.left, reseal.damaged) == (2, 1, (created[0].api_key,))

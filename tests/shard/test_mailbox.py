@@ -42,9 +42,14 @@ def test_cancels_and_operator_commands_find_room_a_flood_of_places_left() -> Non
     assert only(driver.run(cancel), ShardResult).parked
     halt = UserControl(driver.next_correlation(), 5, int(UserControlAction.HALT_TRADING), "k", "")
     assert only(driver.run(halt), ShardResult).parked
-    # The reserve is bounded too.
+    # The cancels' reserve is bounded too ...
     refused = only(driver.run(driver.cancel(5, client_order_id="p4")), ShardResult)
     assert refused.reject_reason == RejectReason.BACKPRESSURE and refused.retryable
+    # ... and cancels filling it leave the operator a share of its own.
+    resume = UserControl(
+        driver.next_correlation(), 5, int(UserControlAction.RESUME_TRADING), "k", ""
+    )
+    assert only(driver.run(resume), ShardResult).parked
     # Hydrated: the mailbox is served in the log's order, so the cancel finds the
     # place it cancels, and the halt comes after every place before it.
     out = driver.run(driver.hydrate(5, epoch=epoch, balances={"USDT": 10**9}))
@@ -52,8 +57,9 @@ def test_cancels_and_operator_commands_find_room_a_flood_of_places_left() -> Non
     assert all(verdicts[n].accepted for n in range(1, PER_USER + 1))  # the eight places
     assert verdicts[cancel.correlation_id].accepted
     assert verdicts[halt.correlation_id].accepted
+    assert verdicts[resume.correlation_id].accepted  # after the halt, in log order
     actor = driver.machine.actor(5)
-    assert actor is not None and actor.trading_halted
+    assert actor is not None and not actor.trading_halted
     assert actor.orders["s1:5:4"].cancel_in_flight
     assert driver.machine.statistics().parked_commands == 0
 
@@ -83,3 +89,5 @@ def test_the_shard_wide_bound_holds_across_users_with_its_own_reserve() -> None:
     answers = [only(driver.run(cancel), ShardResult) for cancel in cancels]
     assert [a.parked for a in answers] == [True] * (TOTAL // 10) + [False]
     assert driver.machine.statistics().parked_commands == TOTAL + TOTAL // 10
+    halt = UserControl(driver.next_correlation(), 11, int(UserControlAction.HALT_TRADING), "k", "")
+    assert only(driver.run(halt), ShardResult).parked  # the operator's own share

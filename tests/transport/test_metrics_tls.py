@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,6 +73,18 @@ def test_a_mesh_scraper_reads_the_metrics_over_https(scraped: tuple[str, Pki]) -
     address, pki = scraped
     pki.files("prometheus", mesh_identity(pki.authority, "prometheus"))
     assert b"oms_" in _scrape(address, _context(pki, "prometheus"))
+
+
+def test_a_connection_that_says_nothing_does_not_stall_the_scrapes(
+    scraped: tuple[str, Pki],
+) -> None:
+    address, pki = scraped
+    host, _, port = address.rpartition(":")
+    pki.files("prometheus", mesh_identity(pki.authority, "prometheus"))
+    with socket.create_connection((host, int(port)), TIMEOUT_S):  # no ClientHello, ever
+        started = time.monotonic()
+        assert b"oms_" in _scrape(address, _context(pki, "prometheus"))
+        assert time.monotonic() - started < TIMEOUT_S / 2  # not behind the silent one
 
 
 def test_plain_http_and_scrapers_without_a_mesh_certificate_get_nothing(

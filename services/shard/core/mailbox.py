@@ -10,9 +10,10 @@ hydrated (`Hydration`), or its actor waits for the database's dedup answer
 - at most `max_parked_per_user` client commands per user, and `max_parked_total`
   over the shard;
 - cancels and an operator's commands (risk limits, halts, restarts) reduce risk:
-  they are admitted past those bounds, into a reserve of a quarter of the per-user
-  bound and a tenth of the total, so a user flooding places cannot lock out their
-  own cancels or the operator;
+  they are admitted past those bounds, cancels into a reserve of a quarter of the
+  per-user bound and a tenth of the total, an operator's commands into twice that,
+  so a user flooding places cannot lock out their own cancels, and a user flooding
+  cancels cannot lock out the operator;
 - matcher events (fills, cancels, expiries) are never refused: money the matcher
   moved must settle; their number is bounded by the user's live orders;
 - a command that finds the mailbox full is refused BACKPRESSURE, retryable, and
@@ -29,12 +30,16 @@ from __future__ import annotations
 
 from services.shard.core.commands import CancelOrder, ClientCommand, SetRiskLimits, UserControl
 
-_PRIORITY = (CancelOrder, SetRiskLimits, UserControl)
+_OPERATOR = (SetRiskLimits, UserControl)
 
 
-def is_priority(command: ClientCommand) -> bool:
-    """A command that reduces risk, admitted into the mailbox's reserve."""
-    return type(command) in _PRIORITY
+def reserve_shares(command: ClientCommand) -> int:
+    """How many reserve shares `command` may use: 0 for places and transfers, 1 for a
+    cancel, 2 for an operator's command (the second share is the operator's alone)."""
+    kind = type(command)
+    if kind in _OPERATOR:
+        return 2
+    return 1 if kind is CancelOrder else 0
 
 
 def mailbox_full(
@@ -45,7 +50,7 @@ def mailbox_full(
     max_total: int,
 ) -> bool:
     """Whether `command` finds its user's mailbox (or the shard's) full."""
-    if is_priority(command):
-        max_per_user += max(1, max_per_user // 4)
-        max_total += max(1, max_total // 10)
+    shares = reserve_shares(command)
+    max_per_user += shares * max(1, max_per_user // 4)
+    max_total += shares * max(1, max_total // 10)
     return waiting_for_user >= max_per_user or waiting_in_shard >= max_total
