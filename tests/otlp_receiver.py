@@ -61,9 +61,10 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, credentials: grpc.ServerCredentials | None = None) -> None:
         self.port = free_port()
         self.spans: list[ReceivedSpan] = []
+        self.credentials = credentials  # None: plaintext
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -74,7 +75,10 @@ class OtlpReceiver:
         server = grpc.aio.server(options=SERVER_OPTIONS)
         register = trace_service_pb2_grpc.add_TraceServiceServicer_to_server
         register(_TraceService(self.spans), server)  # type: ignore[no-untyped-call]
-        server.add_insecure_port(self.endpoint)
+        if self.credentials is None:
+            server.add_insecure_port(self.endpoint)
+        else:
+            server.add_secure_port(self.endpoint, self.credentials)
         await server.start()
         self._server = server
         return self

@@ -17,6 +17,7 @@ import atexit
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import grpc
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -27,7 +28,8 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from services.settings import load_settings, setting
+from services.settings import SettingsError, load_settings, setting
+from services.transport.tls import TransportSettings
 
 TRACEPARENT = "traceparent"
 _propagator = TraceContextTextMapPropagator()
@@ -37,6 +39,11 @@ _propagator = TraceContextTextMapPropagator()
 class TracingSettings:
     otlp_endpoint: str = setting(
         env="OMS_OTLP_ENDPOINT", default="", help="host:port of an OTLP/gRPC receiver"
+    )
+    otlp_tls: bool = setting(
+        env="OMS_OTLP_TLS",
+        default=False,
+        help="TLS to the receiver: checked by OMS_TLS_CA; OMS_TLS_CERT/KEY presented if set",
     )
     sample_per_million: int = setting(
         env="OMS_TRACE_SAMPLE_PER_MILLION",
@@ -55,9 +62,13 @@ def configure_tracing(service_name: str) -> TracingSettings:
         resource=Resource.create({"service.name": service_name}),
         sampler=ParentBased(TraceIdRatioBased(ratio)),
     )
-    provider.add_span_processor(
-        BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint, insecure=True))
-    )
+    if settings.otlp_tls:
+        exporter = OTLPSpanExporter(
+            endpoint=settings.otlp_endpoint, insecure=False, credentials=_receiver_credentials()
+        )
+    else:
+        exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint, insecure=True)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     atexit.register(provider.shutdown)
     _installed.append(provider)
@@ -65,6 +76,20 @@ def configure_tracing(service_name: str) -> TracingSettings:
 
 
 _installed: list[TracerProvider] = []
+
+
+def _receiver_credentials() -> grpc.ChannelCredentials:
+    """The receiver checked by the mesh's authority; this service's certificate shown."""
+    files = load_settings(TransportSettings)
+    if files.authority_file is None:
+        raise SettingsError("OMS_OTLP_TLS=on needs OMS_TLS_CA (what the receiver is checked by)")
+    shown = (files.key_file, files.certificate_file)
+    key, chain = (path.read_bytes() if path is not None else None for path in shown)
+    return grpc.ssl_channel_credentials(
+        root_certificates=files.authority_file.read_bytes(),
+        private_key=key,
+        certificate_chain=chain,
+    )
 
 
 def tracing_enabled() -> bool:
