@@ -12,8 +12,11 @@ callers): its certificate is the public one (`OMS_GATEWAY_TLS_CERT`,
 system's roots when unset) and the host name they dialled.
 
 TLS is on unless `OMS_TLS=off` (development and the test suite): on, a service
-without its files does not start. Certificates are read once at start; a rotated
-file takes effect when the process restarts (a rolling restart in Kubernetes).
+without its files does not start. A server given its certificate as files reads them
+again when they change (`certificate_reload.py`): a renewed certificate serves the
+next connection. Outgoing channels keep the certificate they were made with, so a
+process must restart (a rolling restart in Kubernetes) before the certificate it
+started with expires; cert-manager renews at two thirds of a certificate's life.
 etcd and PostgreSQL links are not covered here (their own TLS settings).
 """
 
@@ -27,6 +30,7 @@ from pathlib import Path
 import grpc
 
 from services.settings import SettingsError, load_settings, setting
+from services.transport.certificate_reload import CertificateFiles
 from services.transport.certificates import MESH_SERVER_NAME, Identity
 
 ChannelOptions = Sequence[tuple[str, int | str]]
@@ -74,6 +78,8 @@ class MeshTransport:
 
     authority_pem: bytes | None = None  # None: plaintext
     identity: Identity | None = None
+    # The same, as files: a server then reads them again when they change.
+    files: CertificateFiles | None = None
 
     @property
     def tls(self) -> bool:
@@ -91,16 +97,21 @@ class MeshTransport:
     def from_settings(cls, settings: TransportSettings) -> MeshTransport:
         if not settings.tls:
             return cls.plaintext()
-        return cls.mutual(
-            _required(settings.authority_file, "OMS_TLS_CA"),
-            Identity(
-                _required(settings.certificate_file, "OMS_TLS_CERT"),
-                _required(settings.key_file, "OMS_TLS_KEY"),
-            ),
+        authority = _required(settings.authority_file, "OMS_TLS_CA")
+        identity = Identity(
+            _required(settings.certificate_file, "OMS_TLS_CERT"),
+            _required(settings.key_file, "OMS_TLS_KEY"),
         )
+        assert settings.certificate_file and settings.key_file and settings.authority_file
+        files = CertificateFiles(
+            settings.certificate_file, settings.key_file, settings.authority_file
+        )
+        return cls(authority, identity, files)
 
     def server_credentials(self) -> grpc.ServerCredentials:
         assert self.authority_pem is not None and self.identity is not None
+        if self.files is not None:
+            return self.files.server_credentials(require_client_auth=True)
         return grpc.ssl_server_credentials(
             [(self.identity.key_pem, self.identity.certificate_pem)],
             root_certificates=self.authority_pem,
@@ -144,24 +155,31 @@ class PublicListener:
     """The gateway's public port: TLS with its public certificate, no client certificate."""
 
     identity: Identity | None = None  # None: plaintext
+    files: CertificateFiles | None = None  # read again when they change
 
     @classmethod
     def from_settings(cls, settings: TransportSettings) -> PublicListener:
         if not settings.tls:
             return cls()
+        identity = Identity(
+            _required(settings.gateway_certificate_file, "OMS_GATEWAY_TLS_CERT"),
+            _required(settings.gateway_key_file, "OMS_GATEWAY_TLS_KEY"),
+        )
+        assert settings.gateway_certificate_file and settings.gateway_key_file
         return cls(
-            Identity(
-                _required(settings.gateway_certificate_file, "OMS_GATEWAY_TLS_CERT"),
-                _required(settings.gateway_key_file, "OMS_GATEWAY_TLS_KEY"),
-            )
+            identity,
+            CertificateFiles(settings.gateway_certificate_file, settings.gateway_key_file),
         )
 
     def listen(self, server: grpc.aio.Server, address: str) -> int:
         if self.identity is None:
             return int(server.add_insecure_port(address))
-        credentials = grpc.ssl_server_credentials(
-            [(self.identity.key_pem, self.identity.certificate_pem)]
-        )
+        if self.files is not None:
+            credentials = self.files.server_credentials(require_client_auth=False)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(self.identity.key_pem, self.identity.certificate_pem)]
+            )
         return int(server.add_secure_port(address, credentials))
 
 
