@@ -33,7 +33,10 @@ POLL_S = 0.02
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
-    with EmbeddedEtcd(tmp_path / "etcd", unsafe_no_fsync=True) as server:
+    # With fsync, as in production: these tests SIGKILL etcd and expect what it
+    # acknowledged (the leader key) to be there after its restart. Without it, a kill
+    # lost the key while its lease (an earlier entry) survived (a fresh-clone run, 2026-12-02).
+    with EmbeddedEtcd(tmp_path / "etcd") as server:
         yield server
 
 
