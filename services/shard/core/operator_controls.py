@@ -57,22 +57,6 @@ def canonical_json(detail: dict[str, Any]) -> str:
     return json.dumps(detail, sort_keys=True, separators=(",", ":"))
 
 
-def _limits(limits: Any) -> dict[str, int]:
-    return dict(
-        zip(
-            (
-                "max_order_notional",
-                "max_position_lots",
-                "max_open_orders",
-                "price_band_bps",
-                "max_drawdown",
-            ),
-            limits.plain(),
-            strict=True,
-        )
-    )
-
-
 class OperatorControls:
     def __init__(self, state: ShardState, eviction: EvictionSweep) -> None:
         self.state = state
@@ -82,7 +66,7 @@ class OperatorControls:
         self, actor: UserActor, command: SetRiskLimits, now_ms: int, out: list[Egress]
     ) -> None:
         state = self.state
-        before = {"limits": _limits(actor.limits), "reduce_only": actor.reduce_only}
+        before = {"limits": actor.limits.named(), "reduce_only": actor.reduce_only}
         actor.limits = NO_LIMITS if command.limits == NO_LIMITS else command.limits
         if command.clear_reduce_only:
             actor.reduce_only = False
@@ -90,7 +74,7 @@ class OperatorControls:
             actor.peak_equity = equity(actor, state.marks, state.settlement_symbols)
         state.touch(actor, now_ms)
         state.counters.operator_commands += 1
-        after = {"limits": _limits(actor.limits), "reduce_only": actor.reduce_only}
+        after = {"limits": actor.limits.named(), "reduce_only": actor.reduce_only}
         out.append(ShardResult(command.correlation_id, True))
         detail = {"before": before, "after": after, "health": HEALTH_NAMES[actor.health]}
         out.append(

@@ -35,12 +35,15 @@ class RiskLimits:
             self.max_drawdown,
         )
 
+    def named(self) -> dict[str, int]:
+        return dict(zip(LIMIT_NAMES, self.plain(), strict=True))
+
     def problems(self) -> list[str]:
-        values = zip(_NAMES, self.plain(), strict=True)
+        values = zip(LIMIT_NAMES, self.plain(), strict=True)
         return [f"{name} must be >= 0" for name, value in values if value < 0]
 
 
-_NAMES = (
+LIMIT_NAMES = (
     "max_order_notional",
     "max_position_lots",
     "max_open_orders",
