@@ -7,16 +7,18 @@ keeps (read the current state instead). A transaction whose compare fails is not
 an error: it returns False, and the caller says what that means (`LogFencedError`
 for an append whose leader key changed).
 
-Several endpoints (a cluster) share one gRPC channel: the target lists them all
-(`ipv4:a:p,b:q`) and gRPC's `round_robin` policy moves on from a member that is
-down, so a member's loss is invisible to callers.
+Endpoints are read by `etcd_endpoints` (host names, IPv4 and IPv6 addresses, URLs).
+Several addresses share one gRPC channel whose `round_robin` policy moves on from a
+member that is down, so a member's loss is invisible to callers; host names get a
+channel each, and a call that fails sends the next ones to another endpoint
+(the failed call itself is not sent again: a transaction may have committed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 
 import aetcd
@@ -25,6 +27,7 @@ import grpc
 from aetcd import rpc
 
 from services.coordination.errors import CoordinationUnavailable, RevisionCompacted
+from services.coordination.etcd_endpoints import ChannelRing, channel_targets, parse_endpoints
 
 DEFAULT_TIMEOUT_S = 5.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -81,16 +84,10 @@ def prefix_end(prefix: bytes) -> bytes:
     return aetcd.utils.prefix_range_end(prefix)  # type: ignore[no-any-return]
 
 
-def _target(endpoints: Sequence[str]) -> tuple[str, int]:
-    """aetcd formats its target as f"{host}:{port}": a host of "ipv4:a:p,b:q,c" and the
-    last endpoint's port make the multi-address target gRPC balances over."""
-    if not endpoints:
-        raise ValueError("no etcd endpoint")
-    *others, last = endpoints
-    host, _, port = last.rpartition(":")
-    if len(endpoints) == 1:
-        return host, int(port)
-    return "ipv4:" + ",".join([*others, host]), int(port)
+def _host_and_port(target: str) -> tuple[str, int]:
+    """aetcd formats its target as f"{host}:{port}": split ours at its last colon."""
+    host, _, port = target.rpartition(":")
+    return host, int(port)
 
 
 def _entry(kv: rpc.KeyValue) -> Entry:
@@ -101,45 +98,106 @@ def _unavailable(error: BaseException) -> CoordinationUnavailable:
     return CoordinationUnavailable(f"etcd: {type(error).__name__}: {error}")
 
 
-@contextlib.contextmanager
-def _translated() -> Iterator[None]:
-    try:
-        yield
-    except aetcd.exceptions.RevisionCompactedError as error:
-        raise RevisionCompacted(error.compacted_revision) from error
-    except (aetcd.exceptions.ClientError, grpc.aio.AioRpcError, OSError) as error:
-        raise _unavailable(error) from error
+def _open_client(target: str, timeout_s: float) -> aetcd.Client:
+    host, port = _host_and_port(target)
+    return aetcd.Client(host=host, port=port, timeout=timeout_s, options=dict(_CHANNEL_OPTIONS))
+
+
+def _connected(client: aetcd.Client) -> bool:
+    channel = client.channel
+    return channel is not None and channel.get_state() == grpc.ChannelConnectivity.READY
 
 
 class EtcdSession:
     def __init__(self, endpoints: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        host, port = _target(endpoints)
         self.endpoints = tuple(endpoints)
         self.timeout_s = timeout_s
-        self._client = aetcd.Client(
-            host=host, port=port, timeout=timeout_s, options=dict(_CHANNEL_OPTIONS)
+        self._ring: ChannelRing[aetcd.Client] = ChannelRing(
+            channel_targets(parse_endpoints(self.endpoints)),
+            lambda target: _open_client(target, timeout_s),
+            _connected,
         )
+        self._chosen = False  # whether the first call looked for an endpoint that answers
         self.revision = 0  # the newest store revision any answer carried
 
     async def __aenter__(self) -> EtcdSession:
-        with _translated():
-            await self._client.connect()
+        await self._ready()
         return self
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._client.close()
+        for client in self._ring.opened():
+            with contextlib.suppress(Exception):
+                await client.close()
 
-    @property
-    def _kv(self) -> rpc.KVStub:
-        return self._client.kvstub
+    @contextlib.contextmanager
+    def _translated(self, client: aetcd.Client) -> Iterator[None]:
+        """Our errors for the library's; a call that found etcd unavailable sends the
+        next ones to another endpoint (when there are several channels)."""
+        try:
+            yield
+        except aetcd.exceptions.RevisionCompactedError as error:
+            raise RevisionCompacted(error.compacted_revision) from error
+        except (aetcd.exceptions.ClientError, grpc.aio.AioRpcError, OSError) as error:
+            self._ring.failed(client)
+            raise _unavailable(error) from error
 
-    async def _ready(self) -> None:
-        with _translated():
-            await self._client.connect()
+    async def _ready(self) -> aetcd.Client:
+        """The client calls go to now, connected (its channel, not yet its socket)."""
+        if not self._chosen:
+            self._chosen = True
+            await self._choose()
+        client = self._ring.current
+        with self._translated(client):
+            await client.connect()
+        if not _connected(client):
+            # Not connected now (down, or never tried): another that is takes the call.
+            ready = [other for other in self._ring.opened() if _connected(other)]
+            if ready:
+                self._ring.prefer(ready[0])
+                client = ready[0]
+        return client
+
+    def endpoint_states(self) -> dict[str, str]:
+        """Each channel's target and what gRPC says of its connection (READY, IDLE,
+        CONNECTING, TRANSIENT_FAILURE); the first is the one calls go to now."""
+        order = [
+            self._ring.index,
+            *(i for i in range(len(self._ring.targets)) if i != self._ring.index),
+        ]
+        clients = self._ring.every()
+        states = {}
+        for index in order:
+            channel = clients[index].channel
+            state = channel.get_state().name if channel is not None else "IDLE"
+            states[self._ring.targets[index]] = state
+        return states
+
+    async def _choose(self) -> None:
+        """With several channels, start the first call at one that connects (the first
+        endpoint listed may be down), waiting at most the session's timeout."""
+        if len(self._ring.targets) == 1:
+            return
+        clients = self._ring.every()
+        for client in clients:
+            with self._translated(client):
+                await client.connect()
+        waits = {
+            asyncio.ensure_future(client.channel.channel_ready()): client for client in clients
+        }
+        try:
+            done, _ = await asyncio.wait(
+                waits, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        answered = [waits[wait] for wait in done if not wait.cancelled() and not wait.exception()]
+        if answered:
+            self._ring.prefer(answered[0])
 
     def _seen(self, header: rpc.ResponseHeader) -> None:
         self.revision = max(self.revision, header.revision)
@@ -160,13 +218,13 @@ class EtcdSession:
         keys_only: bool = False,
     ) -> list[Entry]:
         """Keys in [start, end) in key order (`end` empty: `start` alone)."""
-        await self._ready()
+        client = await self._ready()
         request = rpc.RangeRequest(key=start, range_end=end, limit=limit, keys_only=keys_only)
         if descending:
             request.sort_order = rpc.RangeRequest.DESCEND
             request.sort_target = rpc.RangeRequest.KEY
-        with _translated():
-            response = await self._kv.Range(request, timeout=self.timeout_s)
+        with self._translated(client):
+            response = await client.kvstub.Range(request, timeout=self.timeout_s)
         self._seen(response.header)
         return [_entry(kv) for kv in response.kvs]
 
@@ -185,7 +243,7 @@ class EtcdSession:
 
         `timeout_s` (default: the session's) bounds this one request: a caller that can
         retry safely gives up sooner on a request that went to a member that died."""
-        await self._ready()
+        client = await self._ready()
         compares = []
         for guard in guards:
             compare = rpc.Compare(
@@ -204,15 +262,15 @@ class EtcdSession:
             for start, end in deletes
         ]
         request = rpc.TxnRequest(compare=compares, success=operations)
-        with _translated():
-            response = await self._kv.Txn(request, timeout=timeout_s or self.timeout_s)
+        with self._translated(client):
+            response = await client.kvstub.Txn(request, timeout=timeout_s or self.timeout_s)
         self._seen(response.header)
         return bool(response.succeeded)
 
     async def swap(self, key: bytes, value: bytes, *, mod_revision: int) -> int | None:
         """Put `key` only if it was last written at `mod_revision` (0: absent); the
         revision of the write, or None if `key` changed in between."""
-        await self._ready()
+        client = await self._ready()
         request = rpc.TxnRequest(
             compare=[
                 rpc.Compare(
@@ -224,14 +282,14 @@ class EtcdSession:
             ],
             success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))],
         )
-        with _translated():
-            response = await self._kv.Txn(request, timeout=self.timeout_s)
+        with self._translated(client):
+            response = await client.kvstub.Txn(request, timeout=self.timeout_s)
         self._seen(response.header)
         return int(response.header.revision) if response.succeeded else None
 
     async def create(self, key: bytes, value: bytes, *, lease: int) -> tuple[bool, Entry | None]:
         """Put `key` if it does not exist; (created, the key as it is now)."""
-        await self._ready()
+        client = await self._ready()
         request = rpc.TxnRequest(
             compare=[
                 rpc.Compare(
@@ -244,8 +302,8 @@ class EtcdSession:
             ],
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
         )
-        with _translated():
-            response = await self._kv.Txn(request, timeout=self.timeout_s)
+        with self._translated(client):
+            response = await client.kvstub.Txn(request, timeout=self.timeout_s)
         self._seen(response.header)
         ranges = [r.response_range for r in response.responses if r.HasField("response_range")]
         kvs = ranges[-1].kvs if ranges else []
@@ -259,14 +317,16 @@ class EtcdSession:
 
     async def compact(self, revision: int) -> None:
         """Drop the history before `revision` (keys as they are now stay)."""
-        await self._ready()
-        with _translated():
-            await self._kv.Compact(rpc.CompactionRequest(revision=revision), timeout=self.timeout_s)
+        client = await self._ready()
+        with self._translated(client):
+            await client.kvstub.Compact(
+                rpc.CompactionRequest(revision=revision), timeout=self.timeout_s
+            )
 
     async def storage(self) -> StorageStatus:
-        await self._ready()
-        with _translated():
-            response = await self._client.maintenancestub.Status(
+        client = await self._ready()
+        with self._translated(client):
+            response = await client.maintenancestub.Status(
                 rpc.StatusRequest(), timeout=self.timeout_s
             )
         self._seen(response.header)
@@ -275,35 +335,38 @@ class EtcdSession:
     # --- leases ----------------------------------------------------------------------------
 
     async def grant_lease(self, ttl_s: int) -> int:
-        with _translated():
-            lease = await self._client.lease(ttl_s)
+        client = await self._ready()
+        with self._translated(client):
+            lease = await client.lease(ttl_s)
         return int(lease.id)
 
     async def keep_alive(self, lease_id: int) -> int:
         """Renew the lease; its remaining TTL in seconds (0 or less: it is gone)."""
-        with _translated():
-            reply = await self._client.refresh_lease(lease_id)
+        client = await self._ready()
+        with self._translated(client):
+            reply = await client.refresh_lease(lease_id)
         return int(reply.TTL) if reply is not None else 0
 
     async def revoke_lease(self, lease_id: int) -> None:
-        with _translated():
-            await self._client.revoke_lease(lease_id)
+        client = await self._ready()
+        with self._translated(client):
+            await client.revoke_lease(lease_id)
 
     # --- watches ---------------------------------------------------------------------------
 
     async def watch(
         self, start: bytes, end: bytes, *, from_revision: int
-    ) -> AsyncIterator[WatchEvent]:
+    ) -> AsyncGenerator[WatchEvent, None]:
         """Changes to keys in [start, end) from `from_revision` on, in revision order.
 
         Raises `RevisionCompacted` when that revision's history is gone, and
         `CoordinationUnavailable` when the watch breaks.
         """
-        await self._ready()
-        with _translated():
-            watch = await self._client.watch(start, range_end=end, start_revision=from_revision)
+        client = await self._ready()
+        with self._translated(client):
+            watch = await client.watch(start, range_end=end, start_revision=from_revision)
         try:
-            with _translated():
+            with self._translated(client):
                 async for event in watch:
                     kv = event.kv
                     entry = Entry(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.lease)
@@ -326,24 +389,28 @@ class BlockingLeaseRenewer:
     """
 
     def __init__(self, endpoints: Sequence[str], *, timeout_s: float) -> None:
-        host, port = _target(endpoints)
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(
-            f"{host}:{port}", options=list(_CHANNEL_OPTIONS.items())
+        options = list(_CHANNEL_OPTIONS.items())
+        self._ring: ChannelRing[grpc.Channel] = ChannelRing(
+            channel_targets(parse_endpoints(endpoints)),
+            lambda target: grpc.insecure_channel(target, options=options),
+            lambda _channel: False,  # a blocking channel does not say; the next one is tried
         )
-        self._stub = rpc.LeaseStub(self._channel)
 
     def keep_alive(self, lease_id: int) -> int:
         """Renew the lease; its remaining TTL in seconds (0 or less: it is gone)."""
+        channel = self._ring.current
         try:
-            replies = self._stub.LeaseKeepAlive(
+            replies = rpc.LeaseStub(channel).LeaseKeepAlive(
                 iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=self.timeout_s
             )
             for reply in replies:
                 return int(reply.TTL)
         except grpc.RpcError as error:
+            self._ring.failed(channel)
             raise _unavailable(error) from error
         return 0
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._ring.opened():
+            channel.close()

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +82,7 @@ class EmbeddedEtcd:
         initial_cluster: Mapping[str, str] | None = None,
         cluster_token: str | None = None,
         unsafe_no_fsync: bool = False,
+        extra_client_urls: Sequence[str] = (),
         startup_timeout: float = 30.0,
         stop_timeout: float = 10.0,
     ) -> None:
@@ -96,6 +97,8 @@ class EmbeddedEtcd:
         self.initial_cluster = dict(initial_cluster) if initial_cluster is not None else None
         self.cluster_token = cluster_token
         self.unsafe_no_fsync = unsafe_no_fsync
+        # More addresses clients may use (an IPv6 loopback URL, say); probes use the first.
+        self.extra_client_urls = tuple(extra_client_urls)
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.log = ServerLog(self.data_dir / "etcd.log")
@@ -135,7 +138,7 @@ class EmbeddedEtcd:
             "--data-dir",
             str(self.store_dir),
             "--listen-client-urls",
-            self.client_url,
+            ",".join([self.client_url, *self.extra_client_urls]),
             "--advertise-client-urls",
             self.client_url,
             "--listen-peer-urls",

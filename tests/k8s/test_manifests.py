@@ -30,6 +30,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from services.coordination.etcd_endpoints import channel_targets, parse_endpoints
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 KUSTOMIZATIONS = ("base", "overlays/development")
@@ -318,3 +320,37 @@ def test_tls_is_on_in_the_base_and_off_in_development(kustomization: str, tls: s
                 assert "OMS_TLS" not in env_values(container), container["name"]
                 sources = [s.get("configMapRef", {}).get("name") for s in container["envFrom"]]
                 assert "oms-mesh" in sources, container["name"]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_the_etcd_endpoints_the_manifests_give_are_read_as_host_names(kustomization: str) -> None:
+    """The manifests name etcd's members by their StatefulSet's DNS names; the etcd
+    adapter once made them a gRPC target of addresses only, which gRPC refuses. Each
+    must be an endpoint the adapter reads, with a channel of its own resolved by DNS
+    (`tests/coordination/test_etcd_endpoints.py` runs such names against a real etcd)."""
+    values = [
+        value
+        for config in of_kind(rendered(kustomization), "ConfigMap")
+        for name, value in config.get("data", {}).items()
+        if name == "OMS_ETCD_ENDPOINTS"
+    ]
+    values += [
+        value
+        for workload in workloads(rendered(kustomization))
+        for container in containers(workload)
+        for name, value in env_values(container).items()
+        if name == "OMS_ETCD_ENDPOINTS" and value is not None
+    ]
+    assert values, "no OMS_ETCD_ENDPOINTS in the manifests"
+    etcd_names = {
+        f"{workload['metadata']['name']}-{index}.{workload['spec']['serviceName']}"
+        for workload in of_kind(rendered("base"), "StatefulSet")
+        if workload["metadata"]["name"] == "etcd"
+        for index in range(workload["spec"]["replicas"])
+    }
+    for value in values:
+        endpoints = parse_endpoints([value])
+        assert {endpoint.host for endpoint in endpoints} <= etcd_names, value
+        assert channel_targets(endpoints) == tuple(
+            f"dns:///{endpoint.authority}" for endpoint in endpoints
+        )

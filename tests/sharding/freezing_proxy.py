@@ -24,9 +24,10 @@ class _Link:
 
 
 class FreezingProxy:
-    def __init__(self, upstream: str) -> None:
-        host, _, port = upstream.rpartition(":")
-        self.upstream_host, self.upstream_port = host, int(port)
+    def __init__(self, upstream: str, *, port: int = 0) -> None:
+        self.port = port  # 0: any free port
+        host, _, port_text = upstream.rpartition(":")
+        self.upstream_host, self.upstream_port = host, int(port_text)
         self._server: asyncio.Server | None = None
         self._links: list[_Link] = []
         self.connections = 0
@@ -38,7 +39,7 @@ class FreezingProxy:
         return f"{host}:{port}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
 
     def freeze(self) -> int:
         """Freeze every connection open now; how many there were."""
