@@ -1,18 +1,22 @@
-"""Order updates: one shared egress subscription per shard, fanned out to each user's
-streams.
+"""Order updates: one egress subscription per shard, for the users this gateway's
+clients subscribe to, fanned out to each user's streams.
 
-The gateway process follows each shard's durable egress once, filtered to
-`order_update`, from the shard's applied position when it started, and hands
-each update to the queues of that user's subscribers only. A queue is bounded:
-a subscriber that falls `capacity` updates behind is disconnected with
-RESOURCE_EXHAUSTED (it reconnects and reads its open orders) instead of making
-the shared feed wait. When a feed breaks it resumes from the position it
-stopped at, skipping what it already delivered there; if the shard no longer
-retains that position, updates were lost, so that shard's subscribers are
+The gateway follows each shard's durable egress filtered to `order_update` and to
+the users that have a subscriber here (`EgressSubscription.order_update_users`), and
+hands each update to the queues of that user's subscribers only. A shard with no
+subscribed user here sends this gateway nothing: most clients never subscribe, and
+an update per order state for nobody was a third of the shard's messages. When the
+set of users changes, the subscription is opened again with the new set, from the
+position after the last update it delivered (a new subscriber's updates start at
+the latest there). A queue is bounded: a subscriber that falls `capacity` updates
+behind is disconnected with RESOURCE_EXHAUSTED (it reconnects and reads its open
+orders) instead of making the shared feed wait. When a feed breaks it resumes from
+the position it stopped at, skipping what it already delivered there; if the shard
+no longer retains that position, updates were lost, so that shard's subscribers are
 disconnected with UNAVAILABLE and the feed restarts from the shard's current
-position. A feed is started for every cluster the routing names, as it names
-them; a user's updates come from whichever shard holds the user, so a user who
-moves keeps its stream.
+position. A feed is started for every cluster the routing names, as it names them;
+a user's updates come from whichever shard holds the user, so a user who moves
+keeps its stream.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ class OrderUpdateSubscriber:
 
 
 class ShardUpdateFeed:
-    """One shard's order updates, followed from where this feed started."""
+    """One shard's order updates for the users subscribed here, followed from where
+    this feed started (or, after a time with nobody subscribed, started again)."""
 
     def __init__(self, shard: ShardEndpoint, fanout: OrderUpdateFanout) -> None:
         self.shard = shard
@@ -78,11 +83,19 @@ class ShardUpdateFeed:
         failures = 0
         while True:
             try:
+                if not self.fanout.user_ids():
+                    # Nobody to deliver to: no subscription, and the next one starts from
+                    # the shard's position then (nothing before it is wanted).
+                    self._position = 0
+                    self.following.clear()
+                    await self.fanout.wait_users_changed()
+                    continue
                 if self._position == 0:
                     self._position = await self.shard.applied_position() + 1
                     self._delivered_at_position = 0
                 self.following.set()
-                await self._follow()
+                if await self._follow():
+                    continue  # the users changed: subscribe again at once
                 failures = 0
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.OUT_OF_RANGE:
@@ -94,29 +107,53 @@ class ShardUpdateFeed:
                 failures += 1
             await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
 
-    async def _follow(self) -> None:
-        request = shard_pb2.EgressSubscription(from_position=self._position, kinds=["order_update"])
+    async def _follow(self) -> bool:
+        """Deliver until the subscription ends (False; a break raises) or the users to
+        follow change (True)."""
+        changed = asyncio.ensure_future(self.fanout.wait_users_changed())
+        request = shard_pb2.EgressSubscription(
+            from_position=self._position,
+            kinds=["order_update"],
+            order_update_users=self.fanout.user_ids(),
+        )
         call = (await self.shard.stub()).SubscribeEgress(request)
-        deliver = self.fanout.deliver
+        reader = asyncio.ensure_future(self._deliver(call))
         try:
-            skip = self._delivered_at_position
-            async for batch in call:
-                for item in batch.items:
-                    position = item.stamp.position
-                    if position == self._position:
-                        if skip:
-                            skip -= 1
-                            continue
-                        self._delivered_at_position += 1
-                    else:
-                        skip = 0
-                        self._position = position
-                        self._delivered_at_position = 1
-                    update = item.order_update
-                    update.stamp.CopyFrom(item.stamp)
-                    deliver(update)
+            await asyncio.wait({reader, changed}, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                reader.result()  # a break raises
+                return False
+            # Cancelled between two messages (delivering one never awaits), so every
+            # update of the positions seen so far went out: start after them.
+            if self._delivered_at_position:
+                self._position += 1
+                self._delivered_at_position = 0
+            return True
         finally:
+            changed.cancel()
+            reader.cancel()
             call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await reader
+
+    async def _deliver(self, call: AsyncIterator[shard_pb2.ShardEgressBatch]) -> None:
+        deliver = self.fanout.deliver
+        skip = self._delivered_at_position
+        async for batch in call:
+            for item in batch.items:
+                position = item.stamp.position
+                if position == self._position:
+                    if skip:
+                        skip -= 1
+                        continue
+                    self._delivered_at_position += 1
+                else:
+                    skip = 0
+                    self._position = position
+                    self._delivered_at_position = 1
+                update = item.order_update
+                update.stamp.CopyFrom(item.stamp)
+                deliver(update)
 
     def _lost_updates(self, detail: str) -> None:
         self.counters.add("order_update_feed_gaps")
@@ -135,6 +172,21 @@ class OrderUpdateFanout:
         self.feeds: dict[str, ShardUpdateFeed] = {}  # cluster id -> its feed
         self._subscribers: dict[int, dict[OrderUpdateSubscriber, None]] = {}
         self._count = 0
+        self._users_changed = asyncio.Event()
+
+    def user_ids(self) -> list[int]:
+        """The users with a subscriber here, in order (what the feeds ask the shards for)."""
+        return sorted(self._subscribers)
+
+    async def wait_users_changed(self) -> None:
+        """Until a user gains its first subscriber or loses its last one."""
+        event = self._users_changed
+        await event.wait()
+
+    def _note_users_changed(self) -> None:
+        # Every waiter of this event wakes; later waiters wait on a fresh one.
+        self._users_changed.set()
+        self._users_changed = asyncio.Event()
 
     @property
     def subscriber_count(self) -> int:
@@ -200,15 +252,20 @@ class OrderUpdateFanout:
         self, user_id: int, context: grpc.aio.ServicerContext[object, object]
     ) -> AsyncIterator[shard_pb2.OrderUpdate]:
         """The user's updates from now on; initial metadata tells the client it is live."""
-        try:
-            async with asyncio.timeout(READY_TIMEOUT_S):
-                await self._following()
-        except TimeoutError as error:
-            raise unavailable("the shards' order updates cannot be followed") from error
         subscriber = OrderUpdateSubscriber(user_id, self.capacity)
-        self._subscribers.setdefault(user_id, {})[subscriber] = None
+        if user_id not in self._subscribers:
+            self._subscribers[user_id] = {}
+            self._note_users_changed()
+        self._subscribers[user_id][subscriber] = None
         self._count += 1
         try:
+            # Once every feed has a start position at or before now, its next
+            # subscription includes this user: the updates from here on are delivered.
+            try:
+                async with asyncio.timeout(READY_TIMEOUT_S):
+                    await self._following()
+            except TimeoutError as error:
+                raise unavailable("the shards' order updates cannot be followed") from error
             await context.send_initial_metadata(())
             while True:
                 await subscriber.changed.wait()
@@ -230,3 +287,4 @@ class OrderUpdateFanout:
         self._count -= 1
         if not subscribers:
             del self._subscribers[subscriber.user_id]
+            self._note_users_changed()

@@ -145,6 +145,8 @@ class PersisterService:
         counters["pending_hydrations"] = len(self.hydrations.pending)
         counters["pending_dedup_lookups"] = len(self.dedup.pending)
         counters["unknown_users_cached"] = len(self.unknown)
+        counters["database_round_trips"] = self.store.counts.round_trips
+        counters["database_transactions"] = self.store.counts.transactions
         info = {
             "shard_id": self.settings.shard_id,
             "shard_address": self.shard.shard.describe(),

@@ -60,37 +60,56 @@ def _translated() -> Iterator[None]:
         raise translate(error) from error
 
 
+class RoundTrips:
+    """What the persister asked of PostgreSQL: round trips (a statement, a BEGIN, a
+    COMMIT or ROLLBACK, a savepoint's two) and transactions. `oms bench e2e` divides
+    them by the orders of a phase."""
+
+    __slots__ = ("round_trips", "transactions")
+
+    def __init__(self) -> None:
+        self.round_trips = 0
+        self.transactions = 0
+
+
 class Session:
     """One pooled connection, lent for a unit of work."""
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, counts: RoundTrips) -> None:
         self._connection = connection
+        self._counts = counts
 
     async def execute(self, sql: str, *arguments: Any) -> str:
+        self._counts.round_trips += 1
         with _translated():
             return str(await self._connection.execute(sql, *arguments))
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self._counts.round_trips += 1  # asyncpg pipelines the rows: one wait for them all
         with _translated():
             await self._connection.executemany(sql, rows)
 
     async def fetch(self, sql: str, *arguments: Any) -> list[Row]:
+        self._counts.round_trips += 1
         with _translated():
             records = await self._connection.fetch(sql, *arguments)
         return [dict(record.items()) for record in records]
 
     async def fetchrow(self, sql: str, *arguments: Any) -> Row | None:
+        self._counts.round_trips += 1
         with _translated():
             record = await self._connection.fetchrow(sql, *arguments)
         return None if record is None else dict(record.items())
 
     async def fetchval(self, sql: str, *arguments: Any) -> Any:
+        self._counts.round_trips += 1
         with _translated():
             return await self._connection.fetchval(sql, *arguments)
 
     @contextlib.asynccontextmanager
     async def savepoint(self) -> AsyncIterator[None]:
         """A nested transaction: an error inside rolls back to here and propagates."""
+        self._counts.round_trips += 2
         with _translated():
             async with self._connection.transaction():
                 yield
@@ -111,6 +130,7 @@ async def _keep_session_as_it_is(connection: asyncpg.Connection) -> None:
 class Store:
     def __init__(self, pool: Any) -> None:
         self._pool = pool
+        self.counts = RoundTrips()
         # Set once this persister claimed its shard (`persister.writer_fence`): every
         # transaction then first checks that no newer writer has claimed it since.
         self.fence: FenceCheck | None = None
@@ -147,14 +167,16 @@ class Store:
         """A connection without an explicit transaction (each statement commits)."""
         with _translated():
             async with self._pool.acquire() as connection:
-                yield Session(connection)
+                yield Session(connection, self.counts)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Session]:
         """A connection inside one transaction: committed on exit, rolled back on error."""
         with _translated():
+            self.counts.transactions += 1
+            self.counts.round_trips += 2  # BEGIN, then COMMIT or ROLLBACK
             async with self._pool.acquire() as connection, connection.transaction():
-                session = Session(connection)
+                session = Session(connection, self.counts)
                 if self.fence is not None:
                     await self.fence.check(session)
                 yield session

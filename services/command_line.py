@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from services.settings import SettingsError
+from services.transport.grpc_runtime import choose_grpc_experiments
 
 # (subcommand, module that provides `register`)
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
@@ -53,6 +54,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before any subcommand's module loads gRPC, which reads its experiments only then.
+    choose_grpc_experiments()
     parser = build_parser(argv)
     arguments = parser.parse_args(argv)
     handler = arguments.handler

@@ -57,12 +57,27 @@ import grpc
 import uvloop
 
 from gateway.signing import signed_metadata
-from protos.oms.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, shard_pb2
+from protos.oms.v1 import (
+    common_pb2,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    shard_pb2,
+    status_pb2,
+    status_pb2_grpc,
+)
 from services.bench.latency import summarize_ms
 from services.bench.mesh_launch import LaunchedMesh
 from services.bench.row_lock_design import DesignResult, Workload, best_of
+from services.bench.transport_counts import (
+    PhaseTransport,
+    TransportSnapshot,
+    phase_transport,
+)
+from services.bench.transport_counts import snapshot as transport_snapshot
 from services.clients.channels import gateway_channel
 from services.infra.local_infra import LocalInfra
+from services.transport.grpc_runtime import MESH_GRPC_EXPERIMENTS
+from services.transport.tls import mesh_transport
 
 SYMBOL = "BTC-USDT"
 REFERENCE_PRICE_TICKS = 6_500_000
@@ -73,7 +88,12 @@ FUNDS_BTC = 10**13
 QUIET_CORES = 0.5  # a phase starts once the mesh uses less than this
 QUIET_SAMPLE_S = 0.5
 QUIET_TIMEOUT_S = 120.0
-REFUSALS: Counter[str] = Counter()  # refused orders by reason, over one mesh's phases
+REFUSALS: Counter[str] = Counter()
+# --grpc-event-engine: the GRPC_EXPERIMENTS each mesh's services get.
+EVENT_ENGINE_EXPERIMENTS = {
+    "off": MESH_GRPC_EXPERIMENTS,
+    "on": "",
+}  # refused orders by reason, over one mesh's phases
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,6 +139,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--shards",
         default="1",
         help="user-shard cluster counts to measure in turn, e.g. 1,2 (each its own mesh)",
+    )
+    parser.add_argument(
+        "--grpc-event-engine",
+        default="off",
+        help="off (oms's default: GRPC_EXPERIMENTS turns gRPC's EventEngine client and"
+        " listener off), on (gRPC's own defaults), or both in turn: off,on",
     )
     parser.add_argument(
         "--transports",
@@ -172,6 +198,8 @@ class PhaseResult:
     p99_ms: float
     max_ms: float
     cpu_us_per_order: dict[str, float] = field(default_factory=dict)
+    transport: PhaseTransport | None = None
+    database: dict[str, int] = field(default_factory=dict)  # the persisters' round trips
 
     @property
     def orders_per_s(self) -> float:
@@ -202,25 +230,38 @@ def _run_in(state_dir: Path, arguments: argparse.Namespace) -> int:
     if not transports or set(transports) - {"tls", "plaintext"}:
         print(f"oms bench e2e: --transports {arguments.transports!r}", file=sys.stderr)
         return 2
+    engines = [part.strip() for part in arguments.grpc_event_engine.split(",") if part.strip()]
+    if not engines or set(engines) - set(EVENT_ENGINE_EXPERIMENTS):
+        print(
+            f"oms bench e2e: --grpc-event-engine {arguments.grpc_event_engine!r}", file=sys.stderr
+        )
+        return 2
     shapes = [
-        (replicas, shards, transport)
+        (replicas, shards, transport, engine)
         for shards in _counts(arguments.shards)
         for replicas in _counts(arguments.replicas)
         for transport in transports
+        for engine in engines
     ]
     measured: list[MeshMeasurement] = []
     design_folder: Path | None = None
-    for replicas, shards, transport in shapes:
+    for index, (replicas, shards, transport, engine) in enumerate(shapes, start=1):
         shape = (
             f"{shards} shard cluster(s), {replicas} replica(s) of each shard and matcher group,"
-            f" {'TLS' if transport == 'tls' else 'plaintext'}"
+            f" {'TLS' if transport == 'tls' else 'plaintext'}, gRPC EventEngine {engine}"
         )
-        name = f"shards-{shards}-replicas-{replicas}-{transport}"
+        name = f"{index}-shards-{shards}-replicas-{replicas}-{transport}-event-engine-{engine}"
         folder = state_dir / name if len(shapes) > 1 else state_dir
         design_folder = design_folder or folder
         print(f"starting the mesh ({shape}) under {folder} ...", flush=True)
         plaintext = transport == "plaintext"
-        with LaunchedMesh(folder, replicas=replicas, shards=shards, plaintext=plaintext) as mesh:
+        with LaunchedMesh(
+            folder,
+            replicas=replicas,
+            shards=shards,
+            plaintext=plaintext,
+            grpc_experiments=EVENT_ENGINE_EXPERIMENTS[engine],
+        ) as mesh:
             assert mesh.record is not None
             REFUSALS.clear()
             idle, results = uvloop.run(_measure(mesh, arguments))
@@ -289,18 +330,61 @@ async def _measure(
             phases += [(_stream_phase, rate) for rate in _rates(arguments.stream_rates)]
             for phase, rate in phases:
                 await _quiet(mesh)
+                counted_before = await _transport_snapshot(mesh)
+                database_before = await _database_counts(mesh)
                 before = mesh.service_cpu_seconds()
                 result = await phase(
                     orders, users, mix=mix, rate=rate, sequence=sequence, arguments=arguments
                 )
                 after = mesh.service_cpu_seconds()
+                counted_after = await _transport_snapshot(mesh)
+                database_after = await _database_counts(mesh)
                 per_order = {
                     name: 1e6 * (used - before.get(name, 0.0)) / max(result.acked, 1)
                     for name, used in sorted(after.items())
                 }
-                results.append(replace(result, cpu_us_per_order=per_order))
+                transport = phase_transport(
+                    counted_before,
+                    counted_after,
+                    _listening_ports(mesh),
+                    etcd_ports=[int(e.rpartition(":")[2]) for e in mesh.etcd_endpoints],
+                )
+                database = {
+                    name: value - database_before.get(name, 0)
+                    for name, value in database_after.items()
+                }
+                results.append(
+                    replace(
+                        result, cpu_us_per_order=per_order, transport=transport, database=database
+                    )
+                )
                 print(_line(results[-1]), flush=True)
     return idle, results
+
+
+async def _transport_snapshot(mesh: LaunchedMesh) -> TransportSnapshot:
+    return await transport_snapshot(mesh.service_addresses(), mesh.service_processes())
+
+
+def _listening_ports(mesh: LaunchedMesh) -> dict[int, str]:
+    return {
+        int(address.rpartition(":")[2]): name
+        for name, addresses in mesh.service_addresses().items()
+        for address in addresses
+    }
+
+
+async def _database_counts(mesh: LaunchedMesh) -> dict[str, int]:
+    """The persisters' PostgreSQL round trips and transactions so far, summed."""
+    totals: Counter[str] = Counter()
+    for address in mesh.service_addresses().get("persister", []):
+        async with mesh_transport().channel(address, ()) as channel:
+            report = await status_pb2_grpc.StatusStub(channel).GetStatus(
+                status_pb2.StatusRequest(), timeout=5.0
+            )
+        for name in ("database_round_trips", "database_transactions"):
+            totals[name] += report.counters.get(name, 0)
+    return dict(totals)
 
 
 async def _quiet(mesh: LaunchedMesh) -> None:
@@ -590,6 +674,7 @@ def _report(
             f"{result.api:<8}{result.workload:<9}{_offered(result.offered_per_s):>7}"
             + "".join(f"{result.cpu_us_per_order.get(name, 0.0):>12,.0f}" for name in names)
         )
+    _report_transport(results)
     idle = measurement.idle_cpu_percent
     print(
         "idle mesh, % of a core: "
@@ -607,6 +692,64 @@ def _report(
     print("\ngoals (the figure, then the goal):")
     for line in _goal_lines(results, design):
         print("  " + line)
+
+
+def _report_transport(results: Sequence[PhaseResult]) -> None:
+    """Messages per order on each hop, and per process: messages, wake-ups, and the
+    persisters' PostgreSQL round trips and transactions."""
+    counted = [r for r in results if r.transport is not None and r.acked]
+    if not counted:
+        return
+    # Hops that carry at least one message per 20 orders in some phase (the rest are
+    # timers, status calls and leases).
+    links = sorted(
+        {
+            link
+            for r in counted
+            for link, value in (r.transport.links if r.transport else {}).items()
+            if value >= r.acked / 20
+        }
+    )
+    print("\ngRPC messages per acknowledged order, by hop (sender → receiver; load: the bench):")
+    header = f"{'api':<8}{'workload':<9}{'offered':>7}"
+    for sender, receiver in links:
+        print(f"  {_short(sender)}→{_short(receiver)}: {sender} → {receiver}")
+    print(header + "".join(f"{_short(a) + '→' + _short(b):>9}" for a, b in links) + f"{'all':>8}")
+    for r in counted:
+        assert r.transport is not None
+        per = [r.transport.links.get(link, 0) / r.acked for link in links]
+        print(
+            f"{r.api:<8}{r.workload:<9}{_offered(r.offered_per_s):>7}"
+            + "".join(f"{value:>9.2f}" for value in per)
+            + f"{sum(per):>8.2f}"
+        )
+    names = sorted({name for r in counted for name in (r.transport.sent if r.transport else {})})
+    print(
+        "\nper acknowledged order, by process: gRPC messages sent+received / voluntary"
+        " context switches (wake-ups); PostgreSQL round trips / transactions (persisters)"
+    )
+    print(header + "".join(f"{name:>14}" for name in names) + f"{'PostgreSQL':>14}")
+    for r in counted:
+        assert r.transport is not None
+        cells = []
+        for name in names:
+            messages = (r.transport.sent.get(name, 0) + r.transport.received.get(name, 0)) / r.acked
+            switches = r.transport.switches.get(name, 0) / r.acked
+            cells.append(f"{messages:.1f}/{switches:.1f}")
+        trips = r.database.get("database_round_trips", 0) / r.acked
+        transactions = r.database.get("database_transactions", 0) / r.acked
+        cells.append(f"{trips:.2f}/{transactions:.2f}")
+        print(
+            f"{r.api:<8}{r.workload:<9}{_offered(r.offered_per_s):>7}"
+            + "".join(f"{cell:>14}" for cell in cells)
+        )
+
+
+def _short(name: str) -> str:
+    """A column name for a process: g for gateway, s for shard, m1 for matcher-g1, ..."""
+    if name.startswith("matcher-g"):
+        return "m" + name.removeprefix("matcher-g")
+    return {"reconciler": "rc", "persister": "p", "load": "L", "etcd": "e"}.get(name, name[:1])
 
 
 # The goals each phase is held to: (api, offered/s (0: the maximum), what, its value in a

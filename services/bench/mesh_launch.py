@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.infra.local_infra import LocalInfra, ServerState
 from services.mesh.mesh_record import MeshRecord, read_mesh_record
 from services.transport.development import adopt_mesh_transports
+from services.transport.grpc_runtime import GRPC_EXPERIMENTS
 from services.transport.tls import client_transport, mesh_transport
 
 START_TIMEOUT_S = 120.0
@@ -40,8 +41,11 @@ class LaunchedMesh:
         shards: int = 1,
         active: int | None = None,
         plaintext: bool = False,
+        grpc_experiments: str | None = None,
     ) -> None:
         self.state_dir = state_dir
+        # GRPC_EXPERIMENTS for every service ("": gRPC's defaults); None: as inherited.
+        self.grpc_experiments = grpc_experiments
         self.plaintext = plaintext  # `oms up --plaintext`: no TLS on any link
         self.replicas = replicas  # of the shard and of each matcher group (`oms up --replicas`)
         self.shards = shards  # user-shard clusters (`oms up --shards`)
@@ -60,6 +64,10 @@ class LaunchedMesh:
             for key, value in os.environ.items()
             if key not in ("OMS_ETCD_ENDPOINTS", "OMS_DATABASE_URL")
         }
+        # Every service answers channelz: the bench counts messages per connection.
+        environment["OMS_CHANNELZ"] = "on"
+        if self.grpc_experiments is not None:
+            environment[GRPC_EXPERIMENTS] = self.grpc_experiments
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
@@ -143,12 +151,12 @@ class LaunchedMesh:
                 process.wait()
         LocalInfra(self.state_dir).down()
 
-    def service_cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds (user + system) each process of the mesh has used so far: every
-        service, and the embedded etcd and PostgreSQL (the server and all its backends)."""
+    def service_processes(self) -> dict[str, list[int]]:
+        """The process ids of each service ("shard", "matcher-g1", ...; a service with
+        several replicas or clusters has several)."""
         if self.process is None:
             return {}
-        used: dict[str, float] = {}
+        found: dict[str, list[int]] = {}
         for pid in _children(self.process.pid):
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -156,7 +164,30 @@ class LaunchedMesh:
                 continue  # exited meanwhile
             name = _service_name([part.decode(errors="replace") for part in argv])
             if name:
-                used[name] = used.get(name, 0.0) + _cpu_seconds(pid)
+                found.setdefault(name, []).append(pid)
+        return found
+
+    def service_addresses(self) -> dict[str, list[str]]:
+        """The gRPC address of each process of each service, named as
+        `service_processes` names them."""
+        record = self.record
+        if record is None:
+            return {}
+        addresses: dict[str, list[str]] = {"gateway": [record.gateway]}
+        for cluster in record.clusters():
+            addresses.setdefault("shard", []).extend(cluster.shard_replicas())
+            for role in ("persister", "bridge", "reconciler"):
+                addresses.setdefault(role, []).append(getattr(cluster, role))
+        for group in record.matchers:
+            addresses[f"matcher-{group}"] = list(record.matcher_replicas(group))
+        return addresses
+
+    def service_cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) each process of the mesh has used so far: every
+        service, and the embedded etcd and PostgreSQL (the server and all its backends)."""
+        used: dict[str, float] = {}
+        for name, pids in self.service_processes().items():
+            used[name] = sum(_cpu_seconds(pid) for pid in pids)
         for name, pid in self.server_pids.items():
             # PostgreSQL's backends come and go: the server's own count includes the
             # children it has reaped, and the live ones are added.

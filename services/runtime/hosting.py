@@ -27,6 +27,7 @@ from services.runtime.collector import settle_long_lived_state
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.ingress import CommandIngress
 from services.runtime.node import RecoveryReport, RuntimeNode
+from services.serving.channelz import register_channelz
 from services.serving.health_probe import serve_health_probe
 from services.transport.tls import mesh_transport
 
@@ -112,6 +113,7 @@ class RuntimeHost(Generic[EgressT]):
         serve_metrics([("sequencer", self.sequencer_numbers), *plan.metrics])
         server = grpc.aio.server(options=SERVER_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        register_channelz(server)
         plan.register(server)
         self.bound_port = mesh_transport().listen(server, self.listen_address)
         if self.bound_port == 0:

@@ -47,6 +47,7 @@ from services.runtime.leader_gate import LeaderGate
 from services.runtime.log_follower import LogFollower
 from services.runtime.node import RuntimeNode
 from services.runtime.snapshot_transfer import SnapshotServer, install_from_peers
+from services.serving.channelz import register_channelz
 from services.serving.health_probe import serve_health_probe
 from services.serving.status_service import register_status
 from services.transport.tls import mesh_transport
@@ -147,6 +148,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=(gate,))
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
             register_status(server, "replica", self._status)
+            register_channelz(server)
             self.snapshot_server.register(server)
             plan.register(server)
             self.bound_port = mesh_transport().listen(server, self.listen_address)

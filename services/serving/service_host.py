@@ -26,6 +26,7 @@ from grpc_health.v1._async import HealthServicer
 
 from services.clients.channels import SERVER_OPTIONS
 from services.observability.metrics import numbers_of, serve_metrics
+from services.serving.channelz import register_channelz
 from services.serving.health_probe import serve_health_probe
 from services.serving.status_service import STATUS_SERVICE, StatusSource, register_status
 from services.transport.tls import mesh_transport
@@ -79,6 +80,7 @@ class ServiceHost:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         plan.register(server)
         register_status(server, plan.name, plan.status)
+        register_channelz(server)
         serve_metrics([(plan.name, numbers_of(plan.status))])
         self.bound_port = self.listener(server, self.listen_address)
         if self.bound_port == 0:

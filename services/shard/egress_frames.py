@@ -20,7 +20,8 @@ ITEMS_FIELD_TAG = b"\x0a"  # ShardEgressBatch.items: field 1, wire type 2
 THROUGH_POSITION_TAG = b"\x10"  # ShardEgressBatch.through_position: field 2, varint
 CACHED_RECORDS = 1_024
 
-Frame = tuple[int, str, bytes]  # (log position, egress kind, framed bytes)
+# (log position, egress kind, the user of an order update (else 0), framed bytes)
+Frame = tuple[int, str, int, bytes]
 
 
 def _varint(value: int) -> bytes:
@@ -44,7 +45,8 @@ def frames_of(record: EgressRecord[Any]) -> list[Frame]:
         for message in egress_to_protobufs(item, position, time_ms):
             data = message.SerializeToString()
             kind = message.WhichOneof("egress") or ""
-            frames.append((position, kind, ITEMS_FIELD_TAG + _varint(len(data)) + data))
+            user_id = message.order_update.user_id if kind == "order_update" else 0
+            frames.append((position, kind, user_id, ITEMS_FIELD_TAG + _varint(len(data)) + data))
     return frames
 
 

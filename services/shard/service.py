@@ -206,6 +206,7 @@ class ShardServicer:
         self, request: shard_pb2.EgressSubscription, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         kinds = frozenset(request.kinds)
+        users = frozenset(request.order_update_users)
         start = max(1, request.from_position)
         with_through = request.through_positions
         try:
@@ -213,7 +214,7 @@ class ShardServicer:
                 chunk: list[bytes] = []
                 previous = 0
                 for record in records:
-                    for position, kind, frame in self.frames.of(record):
+                    for position, kind, user_id, frame in self.frames.of(record):
                         if position < start:
                             continue  # a resume inside a multi-entry record: delivered
                         # Split only between positions' items, never inside one position.
@@ -221,7 +222,9 @@ class ShardServicer:
                             yield b"".join(chunk)
                             chunk = []
                         previous = position
-                        if not kinds or kind in kinds:
+                        if (not kinds or kind in kinds) and (
+                            not users or kind != "order_update" or user_id in users
+                        ):
                             chunk.append(frame)
                 if with_through:
                     chunk.append(through_position_frame(records[-1].last_position))

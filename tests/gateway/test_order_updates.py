@@ -107,3 +107,45 @@ async def test_a_slow_subscriber_is_disconnected_and_others_keep_up(
             lambda: gateway_counters(gateway.address), lambda c: c["stream_subscribers"] == 1
         )
         assert counters["order_update_slow_subscribers"] == 1
+
+
+async def test_a_gateway_receives_only_the_updates_of_users_subscribed_there(
+    shared_mesh: FullMesh, admin: AdminClient
+) -> None:
+    """The shard sends a gateway the order updates of the users that have a subscriber
+    there, and none while nobody subscribes (most clients never do; an update per order
+    state for nobody was a third of the shard's messages)."""
+    gateway = shared_mesh.new_gateway("gateway-updates-on-demand")
+    shared_mesh.start(gateway)
+    watched = await open_account(admin, {"USDT": 10_000_000_000})
+    other = await open_account(admin, {"USDT": 10_000_000_000})
+    async with watched.client(gateway.address) as watching, other.client(gateway.address) as busy:
+        first = await watching.place_order(buy(watching, "before", 1))
+        assert first.accepted
+        assert (await busy.place_order(buy(busy, "unwatched-0", 1))).accepted
+        async with watching.order_updates() as updates:
+            placed = await watching.place_order(buy(watching, "watched", 1))
+            assert (await busy.place_order(buy(busy, "unwatched-1", 1))).accepted
+            seen = await updates_until(updates, placed.order_id, S.ORDER_STATUS_OPEN)
+            assert {u.user_id for u in seen} == {watched.user_id}
+            # The other user's order reached its matcher too (it is open there) ...
+            await eventually(
+                lambda: busy.get_order(client_order_id="unwatched-1"),
+                lambda order: order.status == S.ORDER_STATUS_OPEN,
+            )
+        # ... yet the gateway received the watched user's updates only, none before its
+        # subscriber came: PENDING and OPEN of "watched" (the first order's OPEN may have
+        # come after the subscription, so at most one more).
+        counters = await eventually(
+            lambda: gateway_counters(gateway.address), lambda c: c["stream_subscribers"] == 0
+        )
+        assert 2 <= counters["order_updates_seen"] <= 3, counters
+        assert (await busy.place_order(buy(busy, "unwatched-2", 1))).accepted
+        assert (await watching.place_order(buy(watching, "after", 1))).accepted
+        await eventually(
+            lambda: watching.get_order(client_order_id="after"),
+            lambda order: order.status == S.ORDER_STATUS_OPEN,
+        )
+        assert (await gateway_counters(gateway.address))["order_updates_seen"] == counters[
+            "order_updates_seen"
+        ]

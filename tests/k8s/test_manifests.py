@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from services.coordination.etcd_endpoints import channel_targets, parse_endpoints
+from services.transport.grpc_runtime import MESH_GRPC_EXPERIMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -354,3 +355,10 @@ def test_the_etcd_endpoints_the_manifests_give_are_read_as_host_names(kustomizat
         assert channel_targets(endpoints) == tuple(
             f"dns:///{endpoint.authority}" for endpoint in endpoints
         )
+
+
+def test_the_mesh_runs_with_the_grpc_experiments_oms_chooses() -> None:
+    (mesh,) = [
+        m for m in of_kind(rendered("base"), "ConfigMap") if m["metadata"]["name"] == "oms-mesh"
+    ]
+    assert mesh["data"]["GRPC_EXPERIMENTS"] == MESH_GRPC_EXPERIMENTS

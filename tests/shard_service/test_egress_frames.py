@@ -18,7 +18,11 @@ def test_concatenated_frames_are_the_batch_and_are_encoded_once() -> None:
     frames = EgressFrames()
     first = frames.of(record)
     assert frames.of(record) is first and (frames.encoded, frames.reused) == (1, 1)
-    parsed = shard_pb2.ShardEgressBatch.FromString(b"".join(frame for _, _, frame in first))
+    parsed = shard_pb2.ShardEgressBatch.FromString(b"".join(frame for _, _, _, frame in first))
     assert parsed == encode_egress_batch(egress, 7, 7)
-    kinds = [kind for _, kind, _ in first]
+    kinds = [kind for _, kind, _, _ in first]
     assert kinds == [item.WhichOneof("egress") for item in parsed.items]
+    # An order update names its user (a gateway's subscription filters on it).
+    users = [user for _, kind, user, _ in first if kind == "order_update"]
+    assert users and set(users) == {1}
+    assert {user for _, kind, user, _ in first if kind != "order_update"} == {0}
