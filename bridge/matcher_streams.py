@@ -2,8 +2,9 @@
 
 A `MatcherLane` owns, per connection to its group: one `Matcher/Execute`
 stream that carries the group's work queue in `MatcherCommandBatch`es (all that
-is ready in one loop turn, capped), a reader of its results (counted, never
-trusted: the truth comes from events), and one `Subscribe` stream for this
+is ready in one loop turn, capped), a reader of its results (exceptions only:
+duplicates and unknown cancels, counted, never trusted: the truth comes from
+events), and one `Subscribe` stream for this
 shard's events, delivered to the shard. When the bridge exports traces, an
 order the gateway sampled goes to the matcher on a short call of its own
 instead (`order_traces`), so that the matcher's span can join the order's trace.
@@ -32,6 +33,7 @@ from bridge.statistics import BridgeStatistics
 from bridge.work_queue import Work, WorkQueue, add_command, saga_work
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
 from services.clients.channels import group_channel
+from services.clients.matcher_results import EXCEPTIONS_ONLY_METADATA
 from services.coordination.addresses import AddressSource
 from services.coordination.writer_tokens import WriterCredential
 
@@ -134,7 +136,9 @@ class MatcherLane:
         self.statistics.connected[self.group] = True
         log.info("bridge.matcher_connected", group=self.group, from_sequence=from_sequence)
         stub = matcher_pb2_grpc.MatcherStub(channel)
-        call = stub.Execute(metadata=self.credential.metadata() or None)
+        # Results of exceptions only (services/clients/matcher_results.py): the truth of
+        # every order comes back on the events.
+        call = stub.Execute(metadata=(*self.credential.metadata(), *EXCEPTIONS_ONLY_METADATA))
         if self.traces is not None:
             self.traces.connection_started()
         try:

@@ -1,9 +1,11 @@
 """Following the shard's durable egress from the position after the last one handled.
 
-One `SubscribeEgress` stream carries the kinds the persister acts on. Reads
-(hydrate requests, dedup lookups) go to their readers, which never block this
-loop; writes (orders, fills, ledger rows, flushes) go to the write-behind
-buffer, which blocks this loop only while it is full (backpressure).
+One `SubscribeEgress` stream carries the kinds the persister acts on, paced to the
+write-behind's interval (the shard gathers what becomes durable meanwhile into one
+message) except for reads, which it sends at once. Reads (hydrate requests, dedup
+lookups) go to their readers, which never block this loop; writes (orders, fills,
+ledger rows, flushes) go to the write-behind buffer, which blocks this loop only
+while it is full (backpressure).
 
 Completeness: the shard never splits one position's items across two stream
 messages (shard.proto, `SubscribeEgress`), so every position in a message is
@@ -40,8 +42,8 @@ from services.coordination.addresses import AddressSource
 log = structlog.get_logger(__name__)
 
 SUBSCRIBE_METHOD = "/oms.v1.UserShard/SubscribeEgress"
-KINDS = ("hydrate_request", "dedup_lookup", *WRITE_KINDS)
-# EGRESS_PER_MESSAGE in services/shard/service.py: a message this long may end mid-position.
+URGENT_KINDS = ("hydrate_request", "dedup_lookup")
+KINDS = (*URGENT_KINDS, *WRITE_KINDS)
 RETRY_DELAY_S = 0.2
 
 COUNTERS = ("egress_items", "egress_messages", "egress_connects", "egress_breaks")
@@ -57,8 +59,12 @@ class EgressFollower:
         counters: Counters,
         *,
         on_connect: Callable[[], Awaitable[None]],
+        interval_ms: int = 0,
     ) -> None:
         self.shard = shard
+        # The shard sends at most a message per interval (the write-behind's own), but
+        # reads at once: what a client waits for (a hydration, a dedup lookup) never waits.
+        self.interval_ms = interval_ms
         self.buffer = buffer
         self.hydrations = hydrations
         self.dedup = dedup
@@ -92,7 +98,13 @@ class EgressFollower:
         shard = self.shard.describe()
         log.info("persister.egress_subscribed", shard=shard, from_position=start)
         call = subscribe(
-            shard_pb2.EgressSubscription(from_position=start, kinds=KINDS, through_positions=True)
+            shard_pb2.EgressSubscription(
+                from_position=start,
+                kinds=KINDS,
+                through_positions=True,
+                min_interval_ms=self.interval_ms,
+                urgent_kinds=URGENT_KINDS,
+            )
         )
         try:
             async for message in call:

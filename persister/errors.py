@@ -49,3 +49,7 @@ class EgressGapError(RuntimeError):
     Raised instead of skipping ahead; an operator must restore the missing
     positions (or accept the loss explicitly) before the persister can resume.
     """
+
+
+class WriterFencedError(RuntimeError):
+    """A newer persister claimed this shard: this one must stop writing (and does)."""

@@ -133,8 +133,50 @@ async def insert_orders(
         [max(o.updated_at_ms, o.accepted_at_ms) for o in orders],
         [user_sequence(o.order_id) for o in orders],
     )
-    inserted = {row["order_id"] for row in rows}
-    report = InsertReport(inserted=len(rows))
+    return await classify_orders(session, orders, {row["order_id"] for row in rows})
+
+
+def order_columns(orders: Sequence[NewOrder]) -> list[list[object]]:
+    """The new orders as the columns `oms_write_rows` takes (migration 0007), in order."""
+    return [
+        [o.order_id for o in orders],
+        [o.user_id for o in orders],
+        [o.client_order_id for o in orders],
+        [o.symbol for o in orders],
+        [o.side for o in orders],
+        [o.order_type for o in orders],
+        [o.time_in_force for o in orders],
+        [o.price_ticks for o in orders],
+        [o.quantity_lots for o in orders],
+        [o.quote_amount for o in orders],
+        [o.status for o in orders],
+        [o.filled_lots for o in orders],
+        [o.remaining_lots for o in orders],
+        [o.position for o in orders],
+        [o.accepted_at_ms for o in orders],
+        [max(o.updated_position, o.position) for o in orders],
+        [max(o.updated_at_ms, o.accepted_at_ms) for o in orders],
+        [user_sequence(o.order_id) for o in orders],
+    ]
+
+
+def change_columns(changes: Sequence[OrderChange]) -> list[list[object]]:
+    return [
+        [c.order_id for c in changes],
+        [c.status for c in changes],
+        [c.filled_lots for c in changes],
+        [c.remaining_lots for c in changes],
+        [c.position for c in changes],
+        [c.time_ms for c in changes],
+    ]
+
+
+async def classify_orders(
+    session: Session, orders: Sequence[NewOrder], inserted: set[str]
+) -> InsertReport:
+    """What became of each order: inserted, or not, and then why (a read of what is
+    stored, only when some were not: a replay, a duplicate order id or command)."""
+    report = InsertReport(inserted=len(inserted))
     refused = [o for o in orders if o.order_id not in inserted]
     if not refused:
         return report

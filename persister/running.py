@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from collections.abc import AsyncIterator
 
@@ -45,6 +44,7 @@ from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import GroupKeys
 from services.coordination.leadership import Leadership
 from services.serving.service_host import BackgroundLoop, ServiceHost
+from services.serving.stop_signals import on_stop_signal
 from services.settings import SettingsError
 
 log = structlog.get_logger(__name__)
@@ -80,9 +80,7 @@ async def serve(settings: PersisterSettings) -> None:
         stopping.set()  # a standby waiting for the shard's lock gives up
         host.stop()  # a running service stops gracefully (also if asked before it ran)
 
-    loop = asyncio.get_running_loop()
-    for signal_number in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signal_number, stop)
+    on_stop_signal(stop)
     store = await Store.open_when_ready(
         settings.database_url,
         pool_size=settings.pool_size,

@@ -107,6 +107,7 @@ class PersisterService:
             self.dedup,
             self.counters,
             on_connect=self.resend_recent_flush_answers,
+            interval_ms=settings.write_interval_ms,
         )
         self.api = PersisterApi(
             store,

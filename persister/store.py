@@ -16,16 +16,29 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from persister.errors import ConflictError, RowRejected, StoreError, StoreUnavailable
+from persister.errors import (
+    ConflictError,
+    RowRejected,
+    StoreError,
+    StoreUnavailable,
+    WriterFencedError,
+)
 
 Row = dict[str, Any]
 COMMAND_TIMEOUT_S = 30.0
 
 
-def translate(error: BaseException) -> StoreError:
+# Raised by the database when a write carries a writer token that is no longer the
+# shard's (migration 0007's `oms_write_rows`).
+FENCED_SQLSTATE = "OMSWF"
+
+
+def translate(error: BaseException) -> StoreError | WriterFencedError:
     """Our error for an asyncpg (or socket) error."""
     constraint = str(getattr(error, "constraint_name", "") or "")
     message = f"{type(error).__name__}: {error}"
+    if getattr(error, "sqlstate", None) == FENCED_SQLSTATE:
+        return WriterFencedError(str(error))
     if isinstance(error, asyncpg.UniqueViolationError | asyncpg.ExclusionViolationError):
         return ConflictError(message, constraint)
     if isinstance(
@@ -168,6 +181,13 @@ class Store:
         with _translated():
             async with self._pool.acquire() as connection:
                 yield Session(connection, self.counts)
+
+    async def one_statement(self, sql: str, *arguments: Any) -> Row | None:
+        """One statement, its own transaction (a function that writes, say): one round
+        trip, no BEGIN or COMMIT of its own."""
+        self.counts.transactions += 1
+        async with self.session() as session:
+            return await session.fetchrow(sql, *arguments)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Session]:

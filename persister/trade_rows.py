@@ -91,8 +91,46 @@ async def insert_fills(session: Session, fills: Sequence[FillRow], shard_id: str
         [f.position for f in fills],
         [f.consensus_time_ms for f in fills],
     )
-    report = FillReport(inserted=len(rows))
-    written = {(row["order_id"], row["trade_id"]) for row in rows}
+    return await classify_fills(
+        session, fills, {(row["order_id"], row["trade_id"]) for row in rows}
+    )
+
+
+def fill_columns(fills: Sequence[FillRow]) -> list[list[object]]:
+    """The fills as the columns `oms_write_rows` takes (migration 0007), in order."""
+    return [
+        [f.order_id for f in fills],
+        [f.trade_id for f in fills],
+        [f.user_id for f in fills],
+        [f.symbol for f in fills],
+        [f.side for f in fills],
+        [f.price_ticks for f in fills],
+        [f.quantity_lots for f in fills],
+        [f.fee for f in fills],
+        [f.maker for f in fills],
+        [f.position for f in fills],
+        [f.consensus_time_ms for f in fills],
+    ]
+
+
+def ledger_columns(rows: Sequence[LedgerRow]) -> list[list[object]]:
+    return [
+        [r.position for r in rows],
+        [r.item_index for r in rows],
+        [r.user_id for r in rows],
+        [r.account for r in rows],
+        [r.asset for r in rows],
+        [r.amount for r in rows],
+        [r.reference for r in rows],
+        [r.consensus_time_ms for r in rows],
+    ]
+
+
+async def classify_fills(
+    session: Session, fills: Sequence[FillRow], written: set[tuple[str, int]]
+) -> FillReport:
+    """Fills not inserted: a replay (stored from the same position) or a duplicate."""
+    report = FillReport(inserted=len(written))
     refused = [f for f in fills if (f.order_id, f.trade_id) not in written]
     if not refused:
         return report

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from persister.errors import WriterFencedError
 from persister.store import Session, Store
 
-
-class WriterFencedError(RuntimeError):
-    """A newer persister claimed this shard: this one must stop writing (and does)."""
+__all__ = ["WriterFence", "WriterFencedError", "claim"]
 
 
 @dataclass(frozen=True, slots=True)

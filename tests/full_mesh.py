@@ -10,10 +10,14 @@ mesh (gateways keep no state, so any number can serve one shard).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2
 
 from gateway.client import AdminClient
 from services.markets.catalog import load_catalog
@@ -23,10 +27,11 @@ from tests.gateway.gateway_process import ADMIN_KEY, ADMIN_SECRET, GatewayProces
 from tests.matcher_service.matcher_process import MatcherProcess
 from tests.persister.persister_process import PersisterProcess
 from tests.reconciler.reconciler_process import ReconcilerProcess
-from tests.service_process import ServiceProcess, start_together
+from tests.service_process import ServiceProcess, ServiceProcessError, start_together
 from tests.shard_service.shard_process import ShardProcess
 
 GROUPS = tuple(load_catalog(None).groups())
+ROLES_START_S = 30.0
 
 
 @dataclass
@@ -41,6 +46,7 @@ class FullMesh:
     reconciler: ReconcilerProcess
     gateway: GatewayProcess
     extra: list[ServiceProcess] = field(default_factory=list)
+    colocated: bool = False  # the persister, bridge and reconciler are in the shard's process
 
     @classmethod
     def create(
@@ -54,11 +60,17 @@ class FullMesh:
         persister_environment: Mapping[str, str] | None = None,
         reconciler_environment: Mapping[str, str] | None = None,
         gateway_environment: Mapping[str, str] | None = None,
+        colocated: bool = False,
     ) -> FullMesh:
-        """A mesh of processes not yet started, on a fresh database of `server_url`'s server."""
+        """A mesh of processes not yet started, on a fresh database of `server_url`'s server.
+
+        `colocated`: the shard's persister, bridge and reconciler run in the shard's
+        process (`oms shard --colocate`), each on its own port as usual, configured by
+        the environment their own processes would get; `all()` then holds the shard only
+        (killing it kills the four)."""
         folder.mkdir(parents=True, exist_ok=True)
         database_url = fresh_database(server_url)
-        shard = ShardProcess(folder / "shard", environment=shard_environment)
+        shard = ShardProcess(folder / "shard", environment=shard_environment, colocate=colocated)
         matchers = {
             group: MatcherProcess(
                 folder / f"matcher-{group}",
@@ -93,6 +105,20 @@ class FullMesh:
             matchers=addresses,
             environment=gateway_environment,
         )
+        if colocated:
+            shard.environment.update(
+                {
+                    **bridge.environment,
+                    **persister.environment,
+                    **reconciler.environment,
+                    "OMS_SHARD_ADDRESS": shard.address,
+                    "OMS_DATABASE_URL": database_url,
+                    "OMS_PERSISTER_LISTEN": persister.address,
+                    "OMS_BRIDGE_LISTEN": bridge.address,
+                    "OMS_RECONCILER_LISTEN": reconciler.address,
+                    **(shard_environment or {}),
+                }
+            )
         return cls(
             folder,
             server_url,
@@ -103,6 +129,7 @@ class FullMesh:
             persister,
             reconciler,
             gateway,
+            colocated=colocated,
         )
 
     @property
@@ -110,19 +137,29 @@ class FullMesh:
         return {group: process.address for group, process in self.matchers.items()}
 
     def all(self) -> list[ServiceProcess]:
-        return [
-            self.shard,
-            *self.matchers.values(),
-            self.bridge,
-            self.persister,
-            self.reconciler,
-            self.gateway,
-            *self.extra,
-        ]
+        roles = [] if self.colocated else [self.bridge, self.persister, self.reconciler]
+        return [self.shard, *self.matchers.values(), *roles, self.gateway, *self.extra]
 
     def start(self, *processes: ServiceProcess) -> None:
-        """Start `processes` (default: all) together and wait until each is SERVING."""
+        """Start `processes` (default: all) together and wait until each is SERVING (and,
+        co-located, the shard's roles in its process)."""
         start_together(list(processes) or self.all(), self.stop)
+        if self.colocated and (not processes or self.shard in processes):
+            self.wait_roles_serving()
+
+    def wait_roles_serving(self, timeout_s: float = ROLES_START_S) -> None:
+        """Until the persister, bridge and reconciler inside the co-located shard serve."""
+        deadline = time.monotonic() + timeout_s
+        for role in (self.persister, self.bridge, self.reconciler):
+            while True:
+                with contextlib.suppress(grpc.RpcError):
+                    if role.health() == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                if time.monotonic() > deadline:
+                    raise ServiceProcessError(
+                        f"the co-located {role.subcommand} is not serving\n{self.shard.log_tail()}"
+                    )
+                time.sleep(0.05)
 
     def stop(self) -> None:
         """Kill and reap every process, then drop the database: safe to call more than once."""

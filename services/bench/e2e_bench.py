@@ -141,6 +141,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="user-shard cluster counts to measure in turn, e.g. 1,2 (each its own mesh)",
     )
     parser.add_argument(
+        "--colocate",
+        default="off",
+        help="off (each service a process), on (`oms up --colocate`: each shard cluster in"
+        " one process), or both in turn: off,on",
+    )
+    parser.add_argument(
         "--grpc-event-engine",
         default="off",
         help="off (oms's default: GRPC_EXPERIMENTS turns gRPC's EventEngine client and"
@@ -236,21 +242,30 @@ def _run_in(state_dir: Path, arguments: argparse.Namespace) -> int:
             f"oms bench e2e: --grpc-event-engine {arguments.grpc_event_engine!r}", file=sys.stderr
         )
         return 2
+    colocations = [part.strip() for part in arguments.colocate.split(",") if part.strip()]
+    if not colocations or set(colocations) - {"off", "on"}:
+        print(f"oms bench e2e: --colocate {arguments.colocate!r}", file=sys.stderr)
+        return 2
     shapes = [
-        (replicas, shards, transport, engine)
+        (replicas, shards, transport, engine, colocation)
         for shards in _counts(arguments.shards)
         for replicas in _counts(arguments.replicas)
         for transport in transports
         for engine in engines
+        for colocation in colocations
     ]
     measured: list[MeshMeasurement] = []
     design_folder: Path | None = None
-    for index, (replicas, shards, transport, engine) in enumerate(shapes, start=1):
+    for index, (replicas, shards, transport, engine, colocation) in enumerate(shapes, start=1):
         shape = (
             f"{shards} shard cluster(s), {replicas} replica(s) of each shard and matcher group,"
-            f" {'TLS' if transport == 'tls' else 'plaintext'}, gRPC EventEngine {engine}"
+            f" {'TLS' if transport == 'tls' else 'plaintext'}, gRPC EventEngine {engine},"
+            f" {'co-located clusters' if colocation == 'on' else 'a process per service'}"
         )
-        name = f"{index}-shards-{shards}-replicas-{replicas}-{transport}-event-engine-{engine}"
+        name = (
+            f"{index}-shards-{shards}-replicas-{replicas}-{transport}"
+            f"-event-engine-{engine}-colocate-{colocation}"
+        )
         folder = state_dir / name if len(shapes) > 1 else state_dir
         design_folder = design_folder or folder
         print(f"starting the mesh ({shape}) under {folder} ...", flush=True)
@@ -261,6 +276,7 @@ def _run_in(state_dir: Path, arguments: argparse.Namespace) -> int:
             shards=shards,
             plaintext=plaintext,
             grpc_experiments=EVENT_ENGINE_EXPERIMENTS[engine],
+            colocated=colocation == "on",
         ) as mesh:
             assert mesh.record is not None
             REFUSALS.clear()
@@ -346,7 +362,7 @@ async def _measure(
                 transport = phase_transport(
                     counted_before,
                     counted_after,
-                    _listening_ports(mesh),
+                    mesh.listening_ports(),
                     etcd_ports=[int(e.rpartition(":")[2]) for e in mesh.etcd_endpoints],
                 )
                 database = {
@@ -366,18 +382,10 @@ async def _transport_snapshot(mesh: LaunchedMesh) -> TransportSnapshot:
     return await transport_snapshot(mesh.service_addresses(), mesh.service_processes())
 
 
-def _listening_ports(mesh: LaunchedMesh) -> dict[int, str]:
-    return {
-        int(address.rpartition(":")[2]): name
-        for name, addresses in mesh.service_addresses().items()
-        for address in addresses
-    }
-
-
 async def _database_counts(mesh: LaunchedMesh) -> dict[str, int]:
     """The persisters' PostgreSQL round trips and transactions so far, summed."""
     totals: Counter[str] = Counter()
-    for address in mesh.service_addresses().get("persister", []):
+    for address in mesh.role_addresses("persister"):
         async with mesh_transport().channel(address, ()) as channel:
             report = await status_pb2_grpc.StatusStub(channel).GetStatus(
                 status_pb2.StatusRequest(), timeout=5.0

@@ -42,10 +42,12 @@ class LaunchedMesh:
         active: int | None = None,
         plaintext: bool = False,
         grpc_experiments: str | None = None,
+        colocated: bool = False,
     ) -> None:
         self.state_dir = state_dir
         # GRPC_EXPERIMENTS for every service ("": gRPC's defaults); None: as inherited.
         self.grpc_experiments = grpc_experiments
+        self.colocated = colocated  # `oms up --colocate`: a shard cluster in one process
         self.plaintext = plaintext  # `oms up --plaintext`: no TLS on any link
         self.replicas = replicas  # of the shard and of each matcher group (`oms up --replicas`)
         self.shards = shards  # user-shard clusters (`oms up --shards`)
@@ -83,6 +85,7 @@ class LaunchedMesh:
                     str(self.shards),
                     *(["--active", str(self.active)] if self.active is not None else []),
                     *(["--plaintext"] if self.plaintext else []),
+                    *(["--colocate"] if self.colocated else []),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -168,19 +171,39 @@ class LaunchedMesh:
         return found
 
     def service_addresses(self) -> dict[str, list[str]]:
-        """The gRPC address of each process of each service, named as
-        `service_processes` names them."""
+        """One gRPC address of each process of each service, named as
+        `service_processes` names them (a co-located cluster is one "shard" process)."""
         record = self.record
         if record is None:
             return {}
         addresses: dict[str, list[str]] = {"gateway": [record.gateway]}
         for cluster in record.clusters():
             addresses.setdefault("shard", []).extend(cluster.shard_replicas())
-            for role in ("persister", "bridge", "reconciler"):
-                addresses.setdefault(role, []).append(getattr(cluster, role))
+            if not record.colocated:
+                for role in ("persister", "bridge", "reconciler"):
+                    addresses.setdefault(role, []).append(getattr(cluster, role))
         for group in record.matchers:
             addresses[f"matcher-{group}"] = list(record.matcher_replicas(group))
         return addresses
+
+    def role_addresses(self, role: str) -> list[str]:
+        """Where each cluster's `role` (persister, bridge, reconciler) listens."""
+        record = self.record
+        return [getattr(cluster, role) for cluster in record.clusters()] if record else []
+
+    def listening_ports(self) -> dict[int, str]:
+        """Which process (as `service_processes` names it) listens on each port."""
+        record = self.record
+        ports = {
+            int(address.rpartition(":")[2]): name
+            for name, addresses in self.service_addresses().items()
+            for address in addresses
+        }
+        for role in ("persister", "bridge", "reconciler"):
+            for address in self.role_addresses(role):
+                owner = "shard" if record is not None and record.colocated else role
+                ports[int(address.rpartition(":")[2])] = owner
+        return ports
 
     def service_cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) each process of the mesh has used so far: every

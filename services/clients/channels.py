@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import cast
 
 import grpc
 
+from services.clients.in_process import channel_for
 from services.coordination.addresses import AddressSource
 from services.coordination.errors import CoordinationUnavailable
 from services.transport.tls import client_transport, mesh_transport
@@ -39,7 +41,11 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
 
 def mesh_channel(address: str) -> grpc.aio.Channel:
     """A channel to a mesh service, mutual TLS unless the mesh is plaintext
-    (`services/transport/tls.py`)."""
+    (`services/transport/tls.py`); to a server of this very process (a co-located
+    shard), its in-process channel (`services/clients/in_process.py`)."""
+    local = channel_for(address)
+    if local is not None:
+        return cast(grpc.aio.Channel, local)  # the calls the mesh makes, without gRPC
     return mesh_transport().channel(address, CHANNEL_OPTIONS)
 
 

@@ -24,7 +24,9 @@ import grpc
 import structlog
 
 from protos.oms.v1 import matcher_pb2
+from services.clients.matcher_results import wants_exceptions_only
 from services.coordination.writer_tokens import WriterFenced, WriterFences
+from services.matcher.core.codec import result_batch_message
 from services.matcher.core.errors import SequenceTooOldError
 from services.matcher.core.event_log import FillEvent
 from services.matcher.core.machine import MatcherEgress, MatcherMachine
@@ -103,6 +105,7 @@ class MatcherServicer:
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         writer = await admit_writer(self.fences, context)
+        exceptions_only = wants_exceptions_only(context.invocation_metadata())
         ingress = self.host.ingress
         window: asyncio.Queue[asyncio.Future[Receipt[MatcherEgress]] | None] = asyncio.Queue(
             self.max_inflight
@@ -142,7 +145,10 @@ class MatcherServicer:
                 egress: MatcherEgress = outputs[0]
                 if egress.refused is not None:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, egress.refused)
-                yield egress.result_batch().SerializeToString()
+                if not exceptions_only:
+                    yield egress.result_batch().SerializeToString()
+                elif exceptional := egress.exception_results():
+                    yield result_batch_message(exceptional).SerializeToString()
             await reader
             if fenced:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(fenced[0]))

@@ -68,6 +68,13 @@ def register(subparsers: Any) -> None:
         " default; 3: logs in etcd, a leader elected per group, failover)",
     )
     parser.add_argument(
+        "--colocate",
+        action="store_true",
+        help="each shard cluster in one process: the shard with its persister, bridge and"
+        " reconciler, their links to it in-process (`oms shard --colocate`); without it,"
+        " each is a process of its own",
+    )
+    parser.add_argument(
         "--plaintext",
         action="store_true",
         help="no TLS (by default every link is TLS: mutual inside the mesh, the gateway's"
@@ -139,6 +146,9 @@ def mesh_children(
         # One cluster keeps the names of a one-shard mesh; more are named by cluster.
         suffix = f"-{cluster.cluster_id}" if record.sharded else ""
         own = {"OMS_SHARD_ID": cluster.cluster_id}
+        if record.colocated:
+            services += _colocated_cluster(state_dir, cluster, shard_setting(cluster), own)
+            continue
         for index, address in enumerate(cluster.shard_replicas()):
             name = f"shard-{cluster.cluster_id}" + (f"-r{index + 1}" if replicated else "")
             argv = ["shard", "--shard-id", cluster.cluster_id, "--listen", address]
@@ -186,6 +196,23 @@ def mesh_children(
     ]
 
 
+def _colocated_cluster(
+    state_dir: Path, cluster: ClusterRecord, shard_address: str, own: dict[str, str]
+) -> list[tuple[str, list[str], dict[str, str]]]:
+    """One process: the shard with its persister, bridge and reconciler, each role on
+    the port the record gives it (`oms shard --colocate`)."""
+    name = f"shard-{cluster.cluster_id}"
+    argv = ["shard", "--colocate", "--shard-id", cluster.cluster_id, "--listen", cluster.shard]
+    argv += ["--data-dir", str(state_dir / name)]
+    roles = {
+        "OMS_SHARD_ADDRESS": shard_address,
+        "OMS_PERSISTER_LISTEN": cluster.persister,
+        "OMS_BRIDGE_LISTEN": cluster.bridge,
+        "OMS_RECONCILER_LISTEN": cluster.reconciler,
+    }
+    return [(name, argv, {**own, **roles})]
+
+
 def run_up(arguments: argparse.Namespace) -> int:
     settings = load_settings(InfraSettings, overrides={"state_dir": arguments.state_dir})
     infra = LocalInfra.from_settings(settings)
@@ -208,6 +235,7 @@ def run_up(arguments: argparse.Namespace) -> int:
             load_catalog().groups(),
             replicas=arguments.replicas,
             shards=arguments.shards,
+            colocated=arguments.colocate,
         )
         if record.sharded:
             active = arguments.shards if arguments.active is None else arguments.active

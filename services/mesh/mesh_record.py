@@ -83,6 +83,9 @@ class MeshRecord:
     # (`services/transport/development.py`); False without `oms up --plaintext`'s
     # opposite, and in a record written before TLS existed.
     tls: bool = False
+    # Each shard replica runs its cluster's persister, bridge and reconciler in its own
+    # process (`oms up --colocate`, `oms shard --colocate`); the addresses stay as above.
+    colocated: bool = False
 
     @property
     def replicated(self) -> bool:
@@ -125,11 +128,21 @@ def read_mesh_record(state_dir: Path) -> MeshRecord | None:
 
 
 def prepare_mesh_record(
-    state_dir: Path, groups: list[str], *, replicas: int = 1, shards: int = 1
+    state_dir: Path,
+    groups: list[str],
+    *,
+    replicas: int = 1,
+    shards: int = 1,
+    colocated: bool = False,
 ) -> MeshRecord:
     """The previous record's ports where still free, new free ports otherwise."""
     if replicas < 1:
         raise MeshRecordError("a group runs at least one replica")
+    if colocated and replicas > 1:
+        raise MeshRecordError(
+            "--colocate runs one replica per shard cluster for now (the replicated form,"
+            " a persister, bridge and reconciler beside each replica, is not built yet)"
+        )
     if not 1 <= shards <= MAX_SHARDS:
         raise MeshRecordError(f"a local mesh runs 1 to {MAX_SHARDS} shard clusters")
     previous = read_mesh_record(state_dir)
@@ -197,6 +210,7 @@ def prepare_mesh_record(
         # Kept for the folder's life: a new one would not open the secrets sealed before.
         master_key=(previous.master_key if previous else "")
         or base64.b64encode(secrets.token_bytes(32)).decode(),
+        colocated=colocated,
     )
     write_mesh_record(state_dir, record)
     return record

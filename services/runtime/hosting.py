@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -22,6 +21,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from services.clients.channels import SERVER_OPTIONS
+from services.clients.in_process import (
+    InProcessServer,
+    serve_in_process,
+    stop_serving_in_process,
+)
 from services.observability.metrics import StatusNumbers, serve_metrics
 from services.runtime.collector import settle_long_lived_state
 from services.runtime.egress_feed import DurableEgressFeed
@@ -29,6 +33,7 @@ from services.runtime.ingress import CommandIngress
 from services.runtime.node import RecoveryReport, RuntimeNode
 from services.serving.channelz import register_channelz
 from services.serving.health_probe import serve_health_probe
+from services.serving.stop_signals import on_stop_signal
 from services.transport.tls import mesh_transport
 
 log = structlog.get_logger(__name__)
@@ -70,6 +75,9 @@ class RuntimeHost(Generic[EgressT]):
         self.recovery: RecoveryReport | None = None
         self._ingress: CommandIngress[EgressT] | None = None
         self.ready = asyncio.Event()
+        # Addresses at which services of this process reach this host without gRPC
+        # (a co-located shard cluster); none by default.
+        self.in_process_addresses: tuple[str, ...] = ()
 
     @property
     def ingress(self) -> CommandIngress[EgressT]:
@@ -100,9 +108,19 @@ class RuntimeHost(Generic[EgressT]):
             ingress.release()
 
     def install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signal_number in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signal_number, self.stop)
+        on_stop_signal(self.stop)
+
+    def serve_in_process(
+        self, plan: HostPlan, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
+    ) -> InProcessServer | None:
+        """With `in_process_addresses`, the plan's services answer callers of this
+        process at those addresses without gRPC (services/clients/in_process.py)."""
+        if not self.in_process_addresses:
+            return None
+        local = InProcessServer(interceptors)
+        plan.register(local)  # type: ignore[arg-type,unused-ignore]  # what `register` calls
+        serve_in_process(self.in_process_addresses, local)
+        return local
 
     async def run(self, plan_for: Callable[[RuntimeHost[EgressT]], HostPlan]) -> None:
         self.recovery = await self.node.recover(on_replayed=self.feed.publish)
@@ -115,6 +133,7 @@ class RuntimeHost(Generic[EgressT]):
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         register_channelz(server)
         plan.register(server)
+        local = self.serve_in_process(plan)
         self.bound_port = mesh_transport().listen(server, self.listen_address)
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {self.listen_address}")
@@ -137,6 +156,8 @@ class RuntimeHost(Generic[EgressT]):
                     task.cancel()
                 self.node.stop()
         finally:
+            if local is not None:
+                stop_serving_in_process(local)
             if probe is not None:
                 await probe.stop(0)
             self.feed.close()

@@ -31,6 +31,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.clients.channels import SERVER_OPTIONS
+from services.clients.in_process import stop_serving_in_process
 from services.coordination.errors import CoordinationError, RevisionCompacted
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import GroupKeys
@@ -151,6 +152,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             register_channelz(server)
             self.snapshot_server.register(server)
             plan.register(server)
+            local = self.serve_in_process(plan, (gate,))  # refused here too unless leading
             self.bound_port = mesh_transport().listen(server, self.listen_address)
             if self.bound_port == 0:
                 raise OSError(f"cannot listen on {self.listen_address}")
@@ -172,6 +174,8 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             try:
                 await self._follow_then_lead(session, leadership, plan, server)
             finally:
+                if local is not None:
+                    stop_serving_in_process(local)
                 keeping.cancel()
                 self.leading = False
                 self.feed.close()

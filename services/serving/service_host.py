@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from services.observability.metrics import numbers_of, serve_metrics
 from services.serving.channelz import register_channelz
 from services.serving.health_probe import serve_health_probe
 from services.serving.status_service import STATUS_SERVICE, StatusSource, register_status
+from services.serving.stop_signals import on_stop_signal
 from services.transport.tls import mesh_transport
 
 log = structlog.get_logger(__name__)
@@ -68,9 +68,7 @@ class ServiceHost:
         self._stop.set()
 
     def install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signal_number in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signal_number, self.stop)
+        on_stop_signal(self.stop)
 
     async def run(self, plan: ServicePlan) -> None:
         server = grpc.aio.server(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--listen", default=None, help="host:port (env OMS_SHARD_LISTEN)")
     parser.add_argument("--data-dir", type=Path, default=None, dest="data_dir")
     parser.add_argument("--markets-file", type=Path, default=None, dest="markets_file")
+    parser.add_argument(
+        "--colocate",
+        action="store_true",
+        help="run the shard's persister, bridge and reconciler in this process too, their"
+        " links to the shard in-process (each configured by its own OMS_* settings;"
+        " services/shard/colocated.py)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -90,8 +98,10 @@ def build_host(settings: ShardServiceSettings) -> RuntimeHost[Any]:
         raise SettingsError(f"OMS_SHARD_LOG: {error}") from error
 
 
-async def serve(settings: ShardServiceSettings) -> None:
-    host = build_host(settings)
+async def serve(settings: ShardServiceSettings, host: RuntimeHost[Any] | None = None) -> None:
+    """Run the shard until stopped; on `host` when given (a co-located cluster made it
+    to serve its own roles in-process)."""
+    host = host or build_host(settings)
     host.install_signal_handlers()
 
     fences = WriterFences(settings.etcd_endpoints, settings.mesh_id)
@@ -126,5 +136,10 @@ def run(arguments: argparse.Namespace) -> int:
     )
     configure_logging(f"shard-{settings.shard_id}", settings.log_level)
     configure_tracing("oms-shard")
-    uvloop.run(serve(settings))
+    if arguments.colocate:
+        # Loaded only here: it brings the persister's, bridge's and reconciler's code.
+        colocated = importlib.import_module("services.shard.colocated")
+        uvloop.run(colocated.serve_colocated(settings))
+    else:
+        uvloop.run(serve(settings))
     return 0

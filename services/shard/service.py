@@ -43,7 +43,7 @@ from services.shard.core.actor import UserActor
 from services.shard.core.codec import egress_to_protobufs
 from services.shard.core.egress import ShardResult, SubmitToMatcher
 from services.shard.core.shard_machine import ShardMachine
-from services.shard.egress_frames import EgressFrames, through_position_frame
+from services.shard.egress_frames import EgressFrames, EgressSelection
 from services.shard.result_router import ResultRouter, Stamped
 from services.shard.routing_feed import RoutingFeed
 from services.shard.tick_mailbox import MarkCadence, TickMailbox
@@ -51,7 +51,6 @@ from services.shard.tick_mailbox import MarkCadence, TickMailbox
 log = structlog.get_logger(__name__)
 _tracer = tracer(__name__)
 SERVICE_NAME = "oms.v1.UserShard"
-EGRESS_PER_MESSAGE = 2_000
 FINALS_GRACE_S = 30.0
 MAX_USER_PAGE = 10_000
 Egress = Any  # the union of core egress records
@@ -205,33 +204,41 @@ class ShardServicer:
     async def subscribe_egress(
         self, request: shard_pb2.EgressSubscription, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        kinds = frozenset(request.kinds)
-        users = frozenset(request.order_update_users)
-        start = max(1, request.from_position)
-        with_through = request.through_positions
+        selection = EgressSelection(
+            self.frames,
+            from_position=max(1, request.from_position),
+            kinds=frozenset(request.kinds),
+            order_update_users=frozenset(request.order_update_users),
+            urgent_kinds=frozenset(request.urgent_kinds),
+            with_through=request.through_positions,
+        )
+        interval_s = request.min_interval_ms / 1000
+        loop = asyncio.get_running_loop()
+        records = aiter(self.host.feed.subscribe_batches(selection.from_position))
+        upcoming = asyncio.ensure_future(anext(records))
+        sent_at = -interval_s
         try:
-            async for records in self.host.feed.subscribe_batches(start):
-                chunk: list[bytes] = []
-                previous = 0
-                for record in records:
-                    for position, kind, user_id, frame in self.frames.of(record):
-                        if position < start:
-                            continue  # a resume inside a multi-entry record: delivered
-                        # Split only between positions' items, never inside one position.
-                        if position != previous and len(chunk) >= EGRESS_PER_MESSAGE:
-                            yield b"".join(chunk)
-                            chunk = []
-                        previous = position
-                        if (not kinds or kind in kinds) and (
-                            not users or kind != "order_update" or user_id in users
-                        ):
-                            chunk.append(frame)
-                if with_through:
-                    chunk.append(through_position_frame(records[-1].last_position))
-                if chunk:
-                    yield b"".join(chunk)
+            while True:
+                if selection.has_message():
+                    wait_s = sent_at + interval_s - loop.time()
+                    if wait_s > 0 and not selection.urgent:
+                        await asyncio.wait((upcoming,), timeout=wait_s)
+                    if wait_s <= 0 or selection.urgent or not upcoming.done():
+                        sent_at = loop.time()
+                        yield selection.message()
+                        continue
+                try:
+                    batch = await upcoming
+                except StopAsyncIteration:
+                    return  # the feed closed: the shard is stopping
+                upcoming = asyncio.ensure_future(anext(records))
+                for full in selection.add(batch):
+                    yield full  # a long catch-up: sent in parts, never held back
+                    sent_at = loop.time()
         except EgressWindowExceededError as error:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(error))
+        finally:
+            upcoming.cancel()
 
     async def get_in_flight(
         self, request: shard_pb2.InFlightRequest, context: grpc.aio.ServicerContext[Any, Any]

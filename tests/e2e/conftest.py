@@ -25,6 +25,24 @@ def e2e_mesh(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Ite
         yield mesh
 
 
+@pytest.fixture(scope="package")
+def colocated_e2e_mesh(
+    tmp_path_factory: pytest.TempPathFactory, database_url: str
+) -> Iterator[FullMesh]:
+    """The same mesh with the shard's persister, bridge and reconciler in its process."""
+    folder = tmp_path_factory.mktemp("e2e-colocated-mesh")
+    with running_mesh(folder, database_url, colocated=True) as mesh:
+        yield mesh
+
+
+@pytest.fixture(params=["processes", "colocated"])
+def either_mesh(request: pytest.FixtureRequest) -> FullMesh:
+    """Each form in turn: a process per service, then a co-located shard cluster."""
+    name = "e2e_mesh" if request.param == "processes" else "colocated_e2e_mesh"
+    mesh: FullMesh = request.getfixturevalue(name)
+    return mesh
+
+
 @pytest.fixture
 async def admin(e2e_mesh: FullMesh) -> AsyncIterator[AdminClient]:
     async with e2e_mesh.admin() as client:

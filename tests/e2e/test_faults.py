@@ -54,6 +54,7 @@ AFTER_FAULT = 120  # ... after it is back
 SETTLE_S = 30.0
 BURST_ORDERS = 600
 MAX_KILLS = 4
+COLOCATED_KILL_ROUNDS = 3
 
 
 def resting_bids(client: OmsClient, round_number: int) -> list[gateway_pb2.PlaceOrderRequest]:
@@ -87,13 +88,15 @@ async def kill_and_restart(
     while_down: Callable[[], Awaitable[None]],
     before_kill: Callable[[], Awaitable[None]] | None = None,
     bursting: OmsClient | None = None,
+    rounds: int = 1,
 ) -> list[TradeBurst]:
     """Under the load: kill `process`, run `while_down`, restart it, let the load go on.
 
     With `bursting`, the kill lands while a burst of that client's orders is in flight,
     and the burst is retried once the process is back. Whether one of them was applied
     with its answer lost at the kill is a matter of timing (in about one kill in six,
-    none was), so the kill is repeated, at most MAX_KILLS times, until that happened.
+    none was), so the kill is repeated, at most MAX_KILLS times, until that happened;
+    `rounds` times over, the load going on between rounds.
     """
     bursts: list[TradeBurst] = []
 
@@ -101,22 +104,25 @@ async def kill_and_restart(
         await load.wait_accepted(BEFORE_FAULT)
         if before_kill is not None:
             await before_kill()
-        while True:
-            if bursting is None:
-                process.kill()
-            else:
-                burst = TradeBurst(bursting, resting_bids(bursting, len(bursts)))
-                bursts.append(burst)
-                await burst.send(process.kill)
-            await while_down()
-            await asyncio.to_thread(process.start_serving)
-            if bursting is None:
-                break
-            await burst.retry()
-            burst.check_answers()
-            if burst.lost_answers_applied or len(bursts) == MAX_KILLS:
-                break
-        await load.wait_accepted(len(load.acknowledged) + AFTER_FAULT)
+        for _ in range(rounds):
+            kills = 0
+            while True:
+                kills += 1
+                if bursting is None:
+                    process.kill()
+                else:
+                    burst = TradeBurst(bursting, resting_bids(bursting, len(bursts)))
+                    bursts.append(burst)
+                    await burst.send(process.kill)
+                await while_down()
+                await asyncio.to_thread(process.start_serving)
+                if bursting is None:
+                    break
+                await burst.retry()
+                burst.check_answers()
+                if burst.lost_answers_applied or kills == MAX_KILLS:
+                    break
+            await load.wait_accepted(len(load.acknowledged) + AFTER_FAULT)
 
     await run_load_until(load, fault)
     if bursts:
@@ -349,3 +355,34 @@ async def test_gateway_kill_9_clients_retry_and_get_the_original_acks(new_mesh: 
     async with (await burst_account(mesh)).client(mesh.gateway.address) as client:
         bursts = await kill_and_restart(load, mesh.gateway, while_down=while_down, bursting=client)
     await check_after_fault(mesh, load, [p for burst in bursts for p in burst.placed()])
+
+
+# --- a co-located shard cluster ------------------------------------------------------------
+
+
+async def test_a_colocated_cluster_killed_under_load_loses_or_doubles_nothing(
+    new_mesh: NewMesh,
+) -> None:
+    """`oms shard --colocate`: the shard, its persister, bridge and reconciler in one
+    process, SIGKILLed together with a burst in flight, in three rounds (each until an order
+    applied before the kill lost its answer, at most MAX_KILLS kills): each incarnation recovers
+    the shard from its snapshot and log, and the roles resume from the shard's durable
+    state (the persister from its cursor, the bridge from the in-flight sagas)."""
+    mesh, load = await loaded_mesh(
+        new_mesh, 6, colocated=True, shard_environment={"OMS_SHARD_SNAPSHOT_ENTRIES": "200"}
+    )
+
+    async def while_down() -> None:
+        await load.wait_retries(load.retries + 1)
+
+    async with (await burst_account(mesh)).client(mesh.gateway.address) as client:
+        bursts = await kill_and_restart(
+            load,
+            mesh.shard,
+            while_down=while_down,
+            bursting=client,
+            rounds=COLOCATED_KILL_ROUNDS,
+        )
+    await asyncio.to_thread(mesh.wait_roles_serving)
+    await check_after_fault(mesh, load, [p for burst in bursts for p in burst.placed()])
+    assert mesh.shard.incarnations == len(bursts) + 1 >= COLOCATED_KILL_ROUNDS + 1

@@ -79,10 +79,13 @@ async def trader(
 
 
 async def test_place_partial_fill_fill_cancel_expire_and_post_only_reject(
-    e2e_mesh: FullMesh, admin: AdminClient
+    either_mesh: FullMesh,
 ) -> None:
+    """In both forms of the mesh: a process per service, and a co-located shard cluster."""
+    e2e_mesh = either_mesh
     acknowledged: list[str] = []
     async with (
+        e2e_mesh.admin() as admin,
         trader(e2e_mesh, admin, {"USDT": USDT_DEPOSIT}) as a,
         trader(e2e_mesh, admin, {"USDT": USDT_DEPOSIT, "BTC": BTC_DEPOSIT}) as b,
     ):

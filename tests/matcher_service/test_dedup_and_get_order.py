@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from protos.oms.v1 import matcher_pb2
+from services.clients.matcher_results import EXCEPTIONS_ONLY_METADATA
 from tests.matcher_service.event_replay import kind
 from tests.matcher_service.matcher_client import MatcherClient
 from tests.matcher_service.matcher_messages import (
@@ -25,7 +26,9 @@ from tests.matcher_service.matcher_messages import (
     REJECTED,
     SELL,
     OrderFactory,
+    batch,
     cancel,
+    submits,
 )
 from tests.matcher_service.matcher_process import MatcherProcess, aio_channel
 
@@ -160,3 +163,29 @@ async def test_an_id_is_known_for_the_orders_life_and_the_dedup_horizon_after_it
         assert still_resting.duplicate and still_resting.order.status == OPEN
         (anew,) = await client.submit(finished)  # past the horizon the id is free again
         assert not anew.duplicate
+
+
+async def test_a_caller_asking_for_exceptions_only_hears_of_duplicates_and_unknown_cancels(
+    matcher: MatcherClient, orders: OrderFactory, users: tuple[int, ...]
+) -> None:
+    """The bridge reads Execute's results only to count duplicates and cancels of unknown
+    ids: with EXCEPTIONS_ONLY a batch of fresh orders is answered with no message at all,
+    the stream ends when the writer's side does, and an exceptional one is reported."""
+    fresh = [orders.limit(users[0], BUY, REFERENCE - 30 - n, 1) for n in range(3)]
+    unknown = orders.limit(users[1], BUY, REFERENCE - 40, 1)  # never submitted
+    batches = [
+        submits(*fresh),
+        submits(fresh[0], orders.limit(users[0], BUY, REFERENCE - 50, 1)),
+        batch(cancel(unknown)),
+    ]
+    call = matcher.stub.Execute(iter(batches), metadata=EXCEPTIONS_ONLY_METADATA)
+    answers = [answer async for answer in call]
+    assert [[(r.duplicate, r.not_found) for r in a.results] for a in answers] == [
+        [(True, False)],
+        [(False, True)],
+    ]
+    assert answers[0].results[0].correlation_id == batches[1].commands[0].correlation_id
+    # Every order of the silent batches was logged all the same.
+    for order in fresh:
+        state = await matcher.get_order(order.order_id)
+        assert state is not None and state.status == OPEN

@@ -3,6 +3,7 @@ persister per shard (a second one waits for the shard's lock instead of writing 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,8 +37,16 @@ async def test_sigterm_commits_what_is_complete_and_exits_cleanly(
         aio_channel(mesh.shard.address) as shard_channel,
         aio_channel(mesh.persister.address) as persister_channel,
     ):
-        user = (await PersisterClient(persister_channel).create_user()).user_id
+        persister = PersisterClient(persister_channel)
+        user = (await persister.create_user()).user_id
         results = await ShardClient(shard_channel).run(*(deposit(user, 10 + n) for n in range(20)))
+        # Held: received from the shard (the feed is paced to the write interval, so
+        # within one), not yet written (the interval is long).
+        last = results[-1].stamp.position
+        deadline = time.monotonic() + WAIT_S
+        while (await persister.counters())["complete_position"] < last:
+            assert time.monotonic() < deadline, "the persister never received the deposits"
+            await asyncio.sleep(POLL_INTERVAL_S)
     assert all(result.accepted for result in results)
     assert mesh.persister.terminate() == 0
     async with sql(mesh.database_url) as connection:

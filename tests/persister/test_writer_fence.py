@@ -12,7 +12,16 @@ import pytest
 
 from persister.cursor import read_cursor, write_cursor
 from persister.migrations import apply_migrations
+from persister.order_rows import (
+    NewOrder,
+    OrderChange,
+    change_columns,
+    classify_orders,
+    order_columns,
+)
 from persister.store import Store
+from persister.trade_rows import LedgerRow, fill_columns, ledger_columns
+from persister.write_behind import ONE_CALL
 from persister.writer_fence import WriterFencedError, claim
 
 SHARD = "s9"
@@ -69,3 +78,79 @@ async def test_without_etcd_the_database_counts_the_tokens(stores: tuple[Store, 
     with pytest.raises(WriterFencedError):
         async with old.transaction():
             pass
+
+
+def _order(order_id: str, user_id: int, position: int) -> NewOrder:
+    return NewOrder(
+        order_id=order_id,
+        user_id=user_id,
+        symbol="BTC-USDT",
+        side=1,
+        order_type=1,
+        time_in_force=1,
+        price_ticks=6_500_000,
+        quantity_lots=1,
+        quote_amount=0,
+        position=position,
+        accepted_at_ms=1_000,
+        client_order_id=f"c-{order_id}",
+    )
+
+
+def _ledger(position: int, user_id: int) -> list[LedgerRow]:
+    return [
+        LedgerRow(position, 0, user_id, "user", "USDT", 500, f"deposit:{position}", 1_000),
+        LedgerRow(position, 1, 0, "external", "USDT", -500, f"deposit:{position}", 1_000),
+    ]
+
+
+async def _write_in_one_call(
+    store: Store, token: int, cursor: int, orders: list[NewOrder], ledger: list[LedgerRow]
+) -> dict[str, object]:
+    row = await store.one_statement(
+        ONE_CALL,
+        SHARD,
+        token,
+        cursor,
+        *order_columns(orders),
+        *change_columns([OrderChange(o.order_id, 2, 0, 1, o.position + 1, 1_001) for o in orders]),
+        *fill_columns([]),
+        *ledger_columns(ledger),
+    )
+    assert row is not None
+    return row
+
+
+async def test_the_write_behind_s_one_call_is_fenced_and_replays_harmlessly(
+    stores: tuple[Store, Store],
+) -> None:
+    """`oms_write_rows` (migration 0007): the fence, the rows and the cursor in one round
+    trip; written again (a replay after a restart) it inserts nothing more; with a token
+    the shard no longer has, it writes nothing at all."""
+    old, new = stores
+    old.fence = await claim(old, SHARD, 200)
+    orders = [_order(f"{SHARD}:7:{n}", 7, 10 + n) for n in (1, 2)]
+    trips, transactions = old.counts.round_trips, old.counts.transactions
+    first = await _write_in_one_call(old, 200, 20, orders, _ledger(12, 7))
+    assert (old.counts.round_trips - trips, old.counts.transactions - transactions) == (1, 1)
+    assert sorted(first["inserted_orders"]) == [o.order_id for o in orders]  # type: ignore[call-overload]
+    assert (first["changed_orders"], first["inserted_ledger"]) == (2, 2)
+    again = await _write_in_one_call(old, 200, 20, orders, _ledger(12, 7))
+    assert (again["inserted_orders"], again["changed_orders"], again["inserted_ledger"]) == (
+        [],
+        0,
+        0,
+    )
+    async with old.session() as session:
+        report = await classify_orders(session, orders, set())
+    assert report.replayed == 2 and not report.duplicate_orders
+
+    new.fence = await claim(new, SHARD, 201)
+    with pytest.raises(WriterFencedError):
+        await _write_in_one_call(old, 200, 30, [_order(f"{SHARD}:7:9", 7, 25)], _ledger(26, 7))
+    async with new.session() as session:
+        assert await read_cursor(session, SHARD) == 20
+        assert await session.fetchval("SELECT count(*) FROM orders") == 2
+        assert await session.fetchval("SELECT count(*) FROM ledger") == 2
+        statuses = await session.fetch("SELECT status FROM orders")
+    assert {row["status"] for row in statuses} == {2}

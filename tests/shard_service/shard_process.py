@@ -27,9 +27,13 @@ class ShardProcess(ServiceProcess):
         shard_id: str = SHARD_ID,
         port: int | None = None,
         environment: Mapping[str, str] | None = None,
+        colocate: bool = False,
     ) -> None:
         super().__init__(data_dir, port=port, environment=environment)
         self.shard_id = shard_id
+        # `oms shard --colocate`: its persister, bridge and reconciler in this process
+        # (configured by the environment; tests/full_mesh.py builds it).
+        self.colocate = colocate
 
     def service_arguments(self) -> list[str]:
-        return ["--shard-id", self.shard_id]
+        return ["--shard-id", self.shard_id, *(["--colocate"] if self.colocate else [])]

@@ -45,6 +45,11 @@ class MatcherEgress:
     def result_batch(self) -> matcher_pb2.MatcherResultBatch:
         return codec.result_batch_message(self.results)
 
+    def exception_results(self) -> tuple[CommandResult, ...]:
+        """The results a caller asking for exceptions only gets: duplicates and cancels
+        of unknown ids."""
+        return tuple(result for result in self.results if result[1] or result[4])
+
     def event_messages(self) -> list[matcher_pb2.MatcherEvent]:
         return [codec.event_message(event) for event in self.events]
 
