@@ -20,6 +20,10 @@ TARGETS: dict[str, tuple[str, str]] = {
         "services.bench.matcher_bench",
         "orders/s through the pure matching core: engine only, and from batch bytes",
     ),
+    "write-behind": (
+        "services.bench.write_behind_bench",
+        "the persister's usual transaction: one call (migration 0007) against its statements",
+    ),
     "e2e": (
         "services.bench.e2e_bench",
         "orders/s and ack latency through the whole mesh vs the row-lock baseline",
