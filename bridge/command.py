@@ -15,7 +15,7 @@ from services.coordination.writer_tokens import WriterCredential
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing, tracing_enabled
-from services.serving.leader_only import LeaderOnly
+from services.serving.leader_only import LeaderOnly, LeadingReplica
 from services.serving.service_host import ServiceHost
 from services.settings import load_settings
 
@@ -36,7 +36,11 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-async def serve(settings: BridgeSettings, *, traced: bool) -> None:
+async def serve(
+    settings: BridgeSettings, *, traced: bool, beside: LeadingReplica | None = None
+) -> None:
+    """`beside`: the shard replica this bridge shares a process with (it campaigns only
+    once that leads)."""
     directory = MatcherDirectory.parse(settings.matchers, load_catalog(settings.markets_file))
     credential = WriterCredential()
     service = BridgeService(settings, directory, traced=traced, credential=credential)
@@ -51,6 +55,7 @@ async def serve(settings: BridgeSettings, *, traced: bool) -> None:
             shard_id=settings.shard_id,
             holder=settings.listen,
             credential=credential,
+            beside=beside,
         )
         plan = role.wrap(plan)
     await host.run(plan)

@@ -43,6 +43,7 @@ from services.coordination.errors import CoordinationUnavailable
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import GroupKeys
 from services.coordination.leadership import Leadership
+from services.serving.leader_only import LeadingReplica
 from services.serving.service_host import BackgroundLoop, ServiceHost
 from services.serving.stop_signals import on_stop_signal
 from services.settings import SettingsError
@@ -71,7 +72,9 @@ def master_key(settings: PersisterSettings) -> MasterKey:
     )
 
 
-async def serve(settings: PersisterSettings) -> None:
+async def serve(settings: PersisterSettings, *, beside: LeadingReplica | None = None) -> None:
+    """`beside`: the shard replica this persister shares a process with; with a lease it
+    campaigns only once that replica leads (a follower's persister stays standby)."""
     master = master_key(settings)  # before anything starts: a missing key stops the start
     host = ServiceHost(settings.listen)
     stopping = asyncio.Event()
@@ -120,7 +123,7 @@ async def serve(settings: PersisterSettings) -> None:
             loops: list[BackgroundLoop] = []
             if settings.leader_lease:
                 leadership = await stack.enter_async_context(_leased(settings))
-                token = await _campaign(leadership, stopping)
+                token = await _campaign(leadership, stopping, beside)
                 loops.append(leadership.hold)  # LeaseLost stops the service
             lock = await stack.enter_async_context(shard_lock(store, settings.shard_id, stopping))
             store.fence = await claim(store, settings.shard_id, token)
@@ -177,10 +180,13 @@ async def _leased(settings: PersisterSettings) -> AsyncIterator[Leadership]:
             await leadership.resign()
 
 
-async def _campaign(leadership: Leadership, stopping: asyncio.Event) -> int:
-    """The term once this persister holds the lease; StopRequestedError if asked to stop."""
+async def _campaign(
+    leadership: Leadership, stopping: asyncio.Event, beside: LeadingReplica | None
+) -> int:
+    """The term once this persister holds the lease (campaigning once `beside` leads);
+    StopRequestedError if asked to stop first."""
     log.info("persister.standby", key=leadership.key.decode())
-    campaign = asyncio.create_task(leadership.campaign())
+    campaign = asyncio.create_task(_campaign_beside(leadership, beside))
     stop = asyncio.create_task(stopping.wait())
     await asyncio.wait({campaign, stop}, return_when=asyncio.FIRST_COMPLETED)
     stop.cancel()
@@ -188,3 +194,9 @@ async def _campaign(leadership: Leadership, stopping: asyncio.Event) -> int:
         campaign.cancel()
         raise StopRequestedError("stopped while waiting for the persister's lease")
     return campaign.result()
+
+
+async def _campaign_beside(leadership: Leadership, beside: LeadingReplica | None) -> int:
+    if beside is not None:
+        await beside.wait_leading()
+    return await leadership.campaign()

@@ -187,9 +187,14 @@ class LaunchedMesh:
         return addresses
 
     def role_addresses(self, role: str) -> list[str]:
-        """Where each cluster's `role` (persister, bridge, reconciler) listens."""
+        """Where each cluster's `role` (persister, bridge, reconciler) listens (beside
+        each shard replica, co-located and replicated)."""
         record = self.record
-        return [getattr(cluster, role) for cluster in record.clusters()] if record else []
+        if record is None:
+            return []
+        return [
+            address for cluster in record.clusters() for address in cluster.role_addresses(role)
+        ]
 
     def listening_ports(self) -> dict[int, str]:
         """Which process (as `service_processes` names it) listens on each port."""

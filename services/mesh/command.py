@@ -112,7 +112,9 @@ def mesh_children(
         "OMS_MESH_ID": record.mesh_id,
         "OMS_SHARD_ID": record.shard_id,
         "OMS_SHARD_ADDRESS": shard_setting(clusters[0]),
-        "OMS_PERSISTER_ADDRESS": record.persister,
+        # Co-located and replicated, the active persister is beside the shard's leader:
+        # the gateway finds it by its lease in etcd.
+        "OMS_PERSISTER_ADDRESS": FROM_ETCD if replicated and record.colocated else record.persister,
         "OMS_MATCHERS": ",".join(f"{group}={FROM_ETCD}" for group in record.matchers)
         if replicated
         else record.matcher_setting(),
@@ -132,7 +134,10 @@ def mesh_children(
         gateway = {
             "OMS_GATEWAY_ROUTING": "etcd",
             "OMS_SHARDS": ",".join(f"{c.cluster_id}={shard_setting(c)}" for c in clusters),
-            "OMS_PERSISTERS": ",".join(f"{c.cluster_id}={c.persister}" for c in clusters),
+            "OMS_PERSISTERS": ",".join(
+                f"{c.cluster_id}={FROM_ETCD if replicated and record.colocated else c.persister}"
+                for c in clusters
+            ),
         }
     services: list[tuple[str, list[str], dict[str, str]]] = []
     for group in record.matchers:
@@ -147,7 +152,9 @@ def mesh_children(
         suffix = f"-{cluster.cluster_id}" if record.sharded else ""
         own = {"OMS_SHARD_ID": cluster.cluster_id}
         if record.colocated:
-            services += _colocated_cluster(state_dir, cluster, shard_setting(cluster), own)
+            services += _colocated_cluster(
+                state_dir, cluster, shard_setting(cluster), own, replicated=replicated
+            )
             continue
         for index, address in enumerate(cluster.shard_replicas()):
             name = f"shard-{cluster.cluster_id}" + (f"-r{index + 1}" if replicated else "")
@@ -197,20 +204,32 @@ def mesh_children(
 
 
 def _colocated_cluster(
-    state_dir: Path, cluster: ClusterRecord, shard_address: str, own: dict[str, str]
+    state_dir: Path,
+    cluster: ClusterRecord,
+    shard_address: str,
+    own: dict[str, str],
+    *,
+    replicated: bool,
 ) -> list[tuple[str, list[str], dict[str, str]]]:
-    """One process: the shard with its persister, bridge and reconciler, each role on
-    the port the record gives it (`oms shard --colocate`)."""
-    name = f"shard-{cluster.cluster_id}"
-    argv = ["shard", "--colocate", "--shard-id", cluster.cluster_id, "--listen", cluster.shard]
-    argv += ["--data-dir", str(state_dir / name)]
-    roles = {
-        "OMS_SHARD_ADDRESS": shard_address,
-        "OMS_PERSISTER_LISTEN": cluster.persister,
-        "OMS_BRIDGE_LISTEN": cluster.bridge,
-        "OMS_RECONCILER_LISTEN": cluster.reconciler,
-    }
-    return [(name, argv, {**own, **roles})]
+    """A process per shard replica: the replica with a persister, a bridge and a
+    reconciler, each on the port the record gives it (`oms shard --colocate`). With
+    replicas, each role holds its own lease and campaigns once its replica leads."""
+    processes = []
+    for index, address in enumerate(cluster.shard_replicas()):
+        name = f"shard-{cluster.cluster_id}" + (f"-r{index + 1}" if replicated else "")
+        argv = ["shard", "--colocate", "--shard-id", cluster.cluster_id, "--listen", address]
+        argv += ["--data-dir", str(state_dir / name)]
+        persister, bridge, reconciler = cluster.roles_of_replica(index)
+        roles = {
+            "OMS_SHARD_ADDRESS": shard_address,
+            "OMS_PERSISTER_LISTEN": persister,
+            "OMS_BRIDGE_LISTEN": bridge,
+            "OMS_RECONCILER_LISTEN": reconciler,
+        }
+        if replicated:
+            roles |= {"OMS_SHARD_LOG": "etcd", "OMS_SHARD_ADVERTISE": address}
+        processes.append((name, argv, {**own, **roles}))
+    return processes
 
 
 def run_up(arguments: argparse.Namespace) -> int:

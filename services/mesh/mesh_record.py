@@ -51,9 +51,23 @@ class ClusterRecord:
     bridge: str
     reconciler: str
     shard_followers: list[str] = field(default_factory=list)
+    # Co-located and replicated: each follower replica's persister, bridge and reconciler.
+    role_followers: list[list[str]] = field(default_factory=list)
 
     def shard_replicas(self) -> list[str]:
         return [self.shard, *self.shard_followers]
+
+    def roles_of_replica(self, index: int) -> tuple[str, str, str]:
+        """The persister, bridge and reconciler addresses beside shard replica `index`."""
+        if index == 0:
+            return self.persister, self.bridge, self.reconciler
+        persister, bridge, reconciler = self.role_followers[index - 1]
+        return persister, bridge, reconciler
+
+    def role_addresses(self, role: str) -> list[str]:
+        """Every address of `role` (persister, bridge or reconciler) in the cluster."""
+        at = ("persister", "bridge", "reconciler").index(role)
+        return [getattr(self, role), *(roles[at] for roles in self.role_followers)]
 
 
 @dataclass(frozen=True)
@@ -84,8 +98,10 @@ class MeshRecord:
     # opposite, and in a record written before TLS existed.
     tls: bool = False
     # Each shard replica runs its cluster's persister, bridge and reconciler in its own
-    # process (`oms up --colocate`, `oms shard --colocate`); the addresses stay as above.
+    # process (`oms up --colocate`, `oms shard --colocate`); the addresses stay as above,
+    # and each follower replica's roles have their own (`role_followers`).
     colocated: bool = False
+    role_followers: list[list[str]] = field(default_factory=list)
 
     @property
     def replicated(self) -> bool:
@@ -104,6 +120,7 @@ class MeshRecord:
             self.bridge,
             self.reconciler,
             list(self.shard_followers),
+            [list(roles) for roles in self.role_followers],
         )
         return [first, *self.other_clusters]
 
@@ -138,11 +155,7 @@ def prepare_mesh_record(
     """The previous record's ports where still free, new free ports otherwise."""
     if replicas < 1:
         raise MeshRecordError("a group runs at least one replica")
-    if colocated and replicas > 1:
-        raise MeshRecordError(
-            "--colocate runs one replica per shard cluster for now (the replicated form,"
-            " a persister, bridge and reconciler beside each replica, is not built yet)"
-        )
+
     if not 1 <= shards <= MAX_SHARDS:
         raise MeshRecordError(f"a local mesh runs 1 to {MAX_SHARDS} shard clusters")
     previous = read_mesh_record(state_dir)
@@ -173,6 +186,14 @@ def prepare_mesh_record(
     def followers(old: list[str]) -> list[str]:
         return [address(old[i] if i < len(old) else None) for i in range(replicas - 1)]
 
+    def role_followers(old: list[list[str]]) -> list[list[str]]:
+        if not colocated:
+            return []
+        return [
+            [address(old[i][at] if i < len(old) else None) for at in range(3)]
+            for i in range(replicas - 1)
+        ]
+
     old_clusters = {c.cluster_id: c for c in previous.other_clusters} if previous else {}
 
     def cluster(index: int) -> ClusterRecord:
@@ -185,6 +206,7 @@ def prepare_mesh_record(
             bridge=address(old.bridge if old else None),
             reconciler=address(old.reconciler if old else None),
             shard_followers=followers(old.shard_followers if old else []),
+            role_followers=role_followers(old.role_followers if old else []),
         )
 
     record = MeshRecord(
@@ -211,6 +233,7 @@ def prepare_mesh_record(
         master_key=(previous.master_key if previous else "")
         or base64.b64encode(secrets.token_bytes(32)).decode(),
         colocated=colocated,
+        role_followers=role_followers(previous.role_followers if previous else []),
     )
     write_mesh_record(state_dir, record)
     return record

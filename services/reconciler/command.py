@@ -14,7 +14,7 @@ from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.reconciler.service import ReconcilerService
 from services.reconciler.settings import ReconcilerSettings
-from services.serving.leader_only import LeaderOnly
+from services.serving.leader_only import LeaderOnly, LeadingReplica
 from services.serving.service_host import ServiceHost
 from services.settings import load_settings
 
@@ -34,7 +34,9 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-async def serve(settings: ReconcilerSettings) -> None:
+async def serve(settings: ReconcilerSettings, *, beside: LeadingReplica | None = None) -> None:
+    """`beside`: the shard replica this reconciler shares a process with (it campaigns
+    only once that leads)."""
     directory = MatcherDirectory.parse(settings.matchers, load_catalog(settings.markets_file))
     credential = WriterCredential()
     service = ReconcilerService(settings, directory, credential=credential)
@@ -49,6 +51,7 @@ async def serve(settings: ReconcilerSettings) -> None:
             shard_id=settings.shard_id,
             holder=settings.listen,
             credential=credential,
+            beside=beside,
         )
         plan = role.wrap(plan)
     await host.run(plan)

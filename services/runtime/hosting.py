@@ -88,6 +88,9 @@ class RuntimeHost(Generic[EgressT]):
     def stop(self) -> None:
         self._stop.set()
 
+    async def wait_leading(self) -> None:
+        """Until this host leads its group: at once for one replica on a file log."""
+
     async def settled(self) -> None:
         """Return once every applied entry is durable; new commands wait meanwhile.
 

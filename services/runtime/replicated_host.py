@@ -86,7 +86,8 @@ class ReplicatedHost(RuntimeHost[EgressT]):
     ) -> None:
         super().__init__(node, feed, listen_address=listen_address, grace_s=grace_s)
         self.replication = replication
-        self.leading = False
+        self._leading = False
+        self._leading_now = asyncio.Event()
         self.term = 0
         self._leader_address = ""
         self.session: EtcdSession | None = None
@@ -99,6 +100,23 @@ class ReplicatedHost(RuntimeHost[EgressT]):
         self.truncated_through = 0
         self.compactions = 0
         self._compacted_at = float("-inf")
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    @leading.setter
+    def leading(self, leading: bool) -> None:
+        self._leading = leading
+        if leading:
+            self._leading_now.set()
+        else:
+            self._leading_now.clear()
+
+    async def wait_leading(self) -> None:
+        """Until this replica leads (a replica that stops leading ends its process, so
+        co-located roles that waited for this never need to step down)."""
+        await self._leading_now.wait()
 
     @property
     def serving_as_leader(self) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import structlog
 
@@ -26,6 +27,12 @@ from services.coordination.writer_tokens import WriterCredential, WriterToken
 from services.serving.service_host import BackgroundLoop, ServicePlan
 
 log = structlog.get_logger(__name__)
+
+
+class LeadingReplica(Protocol):
+    """The shard replica a role runs beside, in one process."""
+
+    async def wait_leading(self) -> None: ...
 
 
 class LeaderOnly:
@@ -39,6 +46,7 @@ class LeaderOnly:
         holder: str,
         credential: WriterCredential,
         ttl_s: int = 2,
+        beside: LeadingReplica | None = None,
     ) -> None:
         if not etcd_endpoints:
             raise ValueError(f"the {role} of {shard_id} is leader-only: set OMS_ETCD_ENDPOINTS")
@@ -52,6 +60,9 @@ class LeaderOnly:
         self.leading = False
         self.term = 0
         self.terms_won = 0
+        # Co-located with a shard replica: campaign only once it leads (a follower's
+        # roles stay standby; services/shard/colocated.py).
+        self.beside = beside
 
     def wrap(self, plan: ServicePlan) -> ServicePlan:
         """The same service, whose loops run only while this instance holds the role."""
@@ -81,6 +92,8 @@ class LeaderOnly:
             leadership = Leadership(session, self.keys.leader, self.holder, ttl_s=self.ttl_s)
             try:
                 log.info("leader_only.standby", key=self.keys.leader.decode())
+                if self.beside is not None:
+                    await self.beside.wait_leading()
                 self.term = await leadership.campaign()
                 self.terms_won += 1
                 self.credential.token = WriterToken(self.role, self.shard_id, self.term)

@@ -65,6 +65,7 @@ async def serve_colocated(settings: ShardServiceSettings) -> None:
         if not ready.done():
             ready.cancel()
             return  # the shard ended before it served (the error, if any, is raised)
-        roles.create_task(serve_persister(persister))
-        roles.create_task(serve_bridge(bridge, traced=tracing_enabled()))
-        roles.create_task(serve_reconciler(reconciler))
+        # With leases (a replicated cluster), each role campaigns once this replica leads.
+        roles.create_task(serve_persister(persister, beside=host))
+        roles.create_task(serve_bridge(bridge, traced=tracing_enabled(), beside=host))
+        roles.create_task(serve_reconciler(reconciler, beside=host))

@@ -46,9 +46,12 @@ class ReplicatedMesh:
         *,
         replicas: int = 3,
         shards: int = 1,
+        colocated: bool = False,
     ) -> None:
         self.replicas = replicas
         self.shards = shards
+        # `oms up --colocate`: a persister, bridge and reconciler beside each shard replica.
+        self.colocated = colocated
         self.state_dir = state_dir
         self.server_url = server_url
         self.database_url = ""
@@ -76,7 +79,7 @@ class ReplicatedMesh:
             command += ["--replicas", str(self.replicas), "--shards", str(self.shards)]
             # Replication and sharding are what these tests are about, read through the
             # replicas' status in plaintext; `tests/mesh/test_oms_up.py` runs TLS's default.
-            command += ["--plaintext"]
+            command += ["--plaintext", *(["--colocate"] if self.colocated else [])]
             self.process = subprocess.Popen(
                 [*command, "--state-dir", str(self.state_dir)],
                 stdout=subprocess.PIPE,

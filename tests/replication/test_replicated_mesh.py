@@ -23,6 +23,7 @@ import pytest
 
 from gateway.client import AdminClient
 from protos.oms.v1 import shard_pb2
+from services.coordination.addresses import FROM_ETCD, address_source
 from tests.e2e.invariants import MeshAddresses, check_mesh_invariants
 from tests.e2e.stream_load import ANSWER_MARGIN_S, FUNDS, StreamLoad
 from tests.e2e.test_client_contract import audit_accounts
@@ -45,9 +46,15 @@ SERVE_AGAIN_S = 8.0  # a 2 s lease, the election, the gateway finding the new le
 OFTEN = {"OMS_SHARD_CHECKPOINT_ENTRIES": "64", "OMS_MATCHER_CHECKPOINT_ENTRIES": "64"}
 
 
-@pytest.fixture
-def mesh(tmp_path: Path, database_url: str) -> Iterator[ReplicatedMesh]:
-    with ReplicatedMesh(tmp_path / "state", database_url, OFTEN) as running:
+@pytest.fixture(params=["processes", "colocated"])
+def mesh(
+    request: pytest.FixtureRequest, tmp_path: Path, database_url: str
+) -> Iterator[ReplicatedMesh]:
+    """Both forms: a process per service, and a persister, bridge and reconciler beside
+    each shard replica (`oms up --colocate`: the shard leader's process holds them, so
+    killing it kills the active roles too, and the new leader's take over)."""
+    colocated = request.param == "colocated"
+    with ReplicatedMesh(tmp_path / "state", database_url, OFTEN, colocated=colocated) as running:
         yield running
 
 
@@ -91,9 +98,30 @@ async def test_leaders_killed_under_an_order_load_lose_and_double_nothing(
 
     order_ids = await audit_accounts(record.gateway, load)
     shard_leader, _ = leader_of(record.shard_replicas())
+    persister = record.persister
+    if mesh.colocated:
+        # The active persister is the one beside the shard's leader; its lease says where.
+        source = address_source(
+            FROM_ETCD,
+            kind="persister",
+            name=record.shard_id,
+            etcd_endpoints=(mesh.etcd.endpoint,),
+            mesh_id=record.mesh_id,
+        )
+        try:
+            persister = await source.resolve()
+        finally:
+            await source.close()
+        assert persister in record.clusters()[0].role_addresses("persister")
+        (shard_beside,) = [
+            replica
+            for index, replica in enumerate(record.shard_replicas())
+            if record.clusters()[0].roles_of_replica(index)[0] == persister
+        ]
+        assert shard_beside == shard_leader, (shard_beside, shard_leader)
     addresses = MeshAddresses.single(
         shard=shard_leader,
-        persister=record.persister,
+        persister=persister,
         matchers={group: leader_of(record.matcher_replicas(group))[0] for group in record.matchers},
         shard_id=record.shard_id,
     )
