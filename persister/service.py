@@ -44,6 +44,12 @@ ORACLE_COUNTERS = (
 )
 
 
+# The shard's feed gathers at most this long (or the write interval, if shorter): a
+# reader waiting for a position hurries the write (WriteBehind.wait_committed), but
+# not the feed, so the feed's pacing stays short whatever the write interval.
+MAX_FEED_INTERVAL_MS = 10
+
+
 class PersisterService:
     def __init__(
         self,
@@ -107,7 +113,7 @@ class PersisterService:
             self.dedup,
             self.counters,
             on_connect=self.resend_recent_flush_answers,
-            interval_ms=settings.write_interval_ms,
+            interval_ms=min(settings.write_interval_ms, MAX_FEED_INTERVAL_MS),
         )
         self.api = PersisterApi(
             store,

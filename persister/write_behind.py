@@ -1,7 +1,8 @@
 """Write-behind: the shard's order, fill, ledger and flush egress, committed in batches.
 
 The egress follower fills the `WriteBuffer` in log order. About every
-`interval_ms` one transaction writes what is complete:
+`interval_ms` (at once when a reader waits for a position, or a flush for its answer)
+one transaction writes what is complete:
 orders inserted, order updates, fills, ledger rows, dehydration flushes (CAS),
 and the persister cursor moved to the last position written. So the cursor
 passes a position only once everything at or before it is committed, and a
@@ -128,9 +129,11 @@ class WriteBehind:
         return self._committed_through
 
     async def wait_committed(self, position: int) -> None:
-        """Until every write at or before `position` is committed."""
+        """Until every write at or before `position` is committed; a reader waiting
+        makes the next write start at once rather than on the interval."""
         if self._committed_through >= position:
             return
+        self.buffer.hurry.set()
         async with self._committed:
             await self._committed.wait_for(lambda: self._committed_through >= position)
 
@@ -138,11 +141,16 @@ class WriteBehind:
         loop = asyncio.get_running_loop()
         last_start = 0.0
         try:
+            hurry = self.buffer.hurry
             while True:
                 await self.buffer.work.wait()
                 wait_s = last_start + self.interval_s - loop.time()
-                if wait_s > 0:
-                    await asyncio.sleep(wait_s)
+                if wait_s > 0 and not hurry.is_set():
+                    # The interval, unless a reader or a flush waits for the commit.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(wait_s):
+                            await hurry.wait()
+                hurry.clear()
                 last_start = loop.time()
                 await self._write_with_retries()
         except asyncio.CancelledError:

@@ -39,6 +39,9 @@ class WriteBuffer:
         self._audit_index = 0  # of the next operator audit item at _last_position
         self._complete_through = start_position
         self.work = asyncio.Event()  # set while complete positions await a write
+        # A flush was buffered: its user's eviction (or an operator's restart) waits on
+        # the commit, so the write-behind writes at once instead of on its interval.
+        self.hurry = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
 
@@ -120,6 +123,7 @@ class WriteBuffer:
             )
         elif kind == "begin_dehydrate":
             self._append(Flush.from_egress(item.begin_dehydrate, position))
+            self.hurry.set()
         elif kind == "operator_audit":
             self._append(AuditRow.from_egress(item, self._audit_index))
             self._audit_index += 1

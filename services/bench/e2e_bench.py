@@ -47,6 +47,7 @@ import math
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -89,6 +90,8 @@ QUIET_CORES = 0.5  # a phase starts once the mesh uses less than this
 QUIET_SAMPLE_S = 0.5
 QUIET_TIMEOUT_S = 120.0
 REFUSALS: Counter[str] = Counter()
+# Loopback scrapes: never through an http_proxy from the environment.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 # --grpc-event-engine: the GRPC_EXPERIMENTS each mesh's services get.
 EVENT_ENGINE_EXPERIMENTS = {
     "off": MESH_GRPC_EXPERIMENTS,
@@ -206,6 +209,7 @@ class PhaseResult:
     cpu_us_per_order: dict[str, float] = field(default_factory=dict)
     transport: PhaseTransport | None = None
     database: dict[str, int] = field(default_factory=dict)  # the persisters' round trips
+    log_records: dict[str, int] = field(default_factory=dict)  # by the shards, the matchers
 
     @property
     def orders_per_s(self) -> float:
@@ -348,6 +352,7 @@ async def _measure(
                 await _quiet(mesh)
                 counted_before = await _transport_snapshot(mesh)
                 database_before = await _database_counts(mesh)
+                records_before = await asyncio.to_thread(_log_records, mesh)
                 before = mesh.service_cpu_seconds()
                 result = await phase(
                     orders, users, mix=mix, rate=rate, sequence=sequence, arguments=arguments
@@ -355,6 +360,7 @@ async def _measure(
                 after = mesh.service_cpu_seconds()
                 counted_after = await _transport_snapshot(mesh)
                 database_after = await _database_counts(mesh)
+                records_after = await asyncio.to_thread(_log_records, mesh)
                 per_order = {
                     name: 1e6 * (used - before.get(name, 0.0)) / max(result.acked, 1)
                     for name, used in sorted(after.items())
@@ -369,9 +375,17 @@ async def _measure(
                     name: value - database_before.get(name, 0)
                     for name, value in database_after.items()
                 }
+                records = {
+                    name: value - records_before.get(name, 0)
+                    for name, value in records_after.items()
+                }
                 results.append(
                     replace(
-                        result, cpu_us_per_order=per_order, transport=transport, database=database
+                        result,
+                        cpu_us_per_order=per_order,
+                        transport=transport,
+                        database=database,
+                        log_records=records,
                     )
                 )
                 print(_line(results[-1]), flush=True)
@@ -380,6 +394,28 @@ async def _measure(
 
 async def _transport_snapshot(mesh: LaunchedMesh) -> TransportSnapshot:
     return await transport_snapshot(mesh.service_addresses(), mesh.service_processes())
+
+
+def _log_records(mesh: LaunchedMesh) -> dict[str, int]:
+    """Log records each shard and matcher process has written so far (the sequencer's
+    `oms_records_total` on its metrics endpoint), by service name; followers write none."""
+    record = mesh.record
+    if record is None:
+        return {}
+    counted: Counter[str] = Counter()
+    for child, address in record.metrics.items():
+        if not child.startswith(("shard-", "matcher-")):
+            continue
+        name = "shard" if child.startswith("shard-") else "-".join(child.split("-")[:2])
+        try:
+            with _NO_PROXY.open(f"http://{address}/metrics", timeout=5.0) as response:
+                text = response.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith('oms_records_total{service="sequencer"}'):
+                counted[name] += int(float(line.rsplit(" ", 1)[1]))
+    return dict(counted)
 
 
 async def _database_counts(mesh: LaunchedMesh) -> dict[str, int]:
@@ -734,22 +770,27 @@ def _report_transport(results: Sequence[PhaseResult]) -> None:
     names = sorted({name for r in counted for name in (r.transport.sent if r.transport else {})})
     print(
         "\nper acknowledged order, by process: gRPC messages sent+received / voluntary"
-        " context switches (wake-ups); PostgreSQL round trips / transactions (persisters)"
+        " context switches (wake-ups) / log records written (shards, matchers);"
+        " PostgreSQL round trips / transactions (persisters)"
     )
-    print(header + "".join(f"{name:>14}" for name in names) + f"{'PostgreSQL':>14}")
+    print(header + "".join(f"{name:>16}" for name in names) + f"{'PostgreSQL':>14}")
     for r in counted:
         assert r.transport is not None
         cells = []
         for name in names:
             messages = (r.transport.sent.get(name, 0) + r.transport.received.get(name, 0)) / r.acked
             switches = r.transport.switches.get(name, 0) / r.acked
-            cells.append(f"{messages:.1f}/{switches:.1f}")
+            cell = f"{messages:.1f}/{switches:.1f}"
+            if name in r.log_records:
+                cell += f"/{r.log_records[name] / r.acked:.2f}"
+            cells.append(cell)
         trips = r.database.get("database_round_trips", 0) / r.acked
         transactions = r.database.get("database_transactions", 0) / r.acked
         cells.append(f"{trips:.2f}/{transactions:.2f}")
         print(
             f"{r.api:<8}{r.workload:<9}{_offered(r.offered_per_s):>7}"
-            + "".join(f"{cell:>14}" for cell in cells)
+            + "".join(f"{cell:>16}" for cell in cells[:-1])
+            + f"{cells[-1]:>14}"
         )
 
 

@@ -32,11 +32,18 @@ class HealthProbeSettings:
     )
 
 
+_served_once: set[str] = set()  # probe addresses this process already serves
+
+
 async def serve_health_probe(health: HealthServicer) -> grpc.aio.Server | None:
-    """Start the probe port if it is configured; the caller stops the server it returns."""
+    """Start the probe port if it is configured; the caller stops the server it returns.
+
+    Once per process: where several services share one (`oms shard --colocate`), the
+    first to start (the shard) answers the probes, and the others get None."""
     address = load_settings(HealthProbeSettings).listen
-    if not address:
+    if not address or address in _served_once:
         return None
+    _served_once.add(address)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if server.add_insecure_port(address) == 0:

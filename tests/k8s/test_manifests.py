@@ -35,7 +35,9 @@ from services.transport.grpc_runtime import MESH_GRPC_EXPERIMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
-KUSTOMIZATIONS = ("base", "overlays/development")
+KUSTOMIZATIONS = ("base", "overlays/development", "overlays/colocated")
+# A container per service; in overlays/colocated a shard pod is one process.
+PROCESS_PER_SERVICE = ("base", "overlays/development")
 MESH_IMAGE = "oms-mesh"
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 TLS_DIR = "/etc/oms/tls"
@@ -202,7 +204,7 @@ def test_each_group_is_a_statefulset_with_a_budget_probes_and_requests(kustomiza
 
 
 def test_a_user_shard_pod_holds_the_shard_its_persister_bridge_and_reconciler() -> None:
-    for kustomization in KUSTOMIZATIONS:
+    for kustomization in PROCESS_PER_SERVICE:
         objects = rendered(kustomization)
         shards = [
             s for s in of_kind(objects, "StatefulSet") if s["metadata"]["name"].startswith("shard-")
@@ -273,7 +275,7 @@ def test_every_grpc_probe_targets_the_plaintext_health_port(kustomization: str) 
                 probed.add(container["name"])
         assert all(len(name) <= 15 for name in names), names
         assert len(names) == len(set(names)), (workload["metadata"]["name"], names)
-    assert {"gateway", "matcher", "shard", "persister", "bridge", "reconciler"} <= probed
+    assert set(_containers_of(kustomization)) - {"operator"} <= probed
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
@@ -300,8 +302,7 @@ def test_every_mesh_container_mounts_its_own_certificate(kustomization: str) -> 
                 for variable, file in PUBLIC_TLS_FILES.items():
                     assert env.get(variable) == f"{PUBLIC_TLS_DIR}/{file}", variable
         assert len(pod_secrets) == len(set(pod_secrets)), pod_secrets
-    services = ("gateway", "matcher", "shard", "persister", "bridge", "reconciler", "operator")
-    assert set(seen) == set(services), seen
+    assert set(seen) == set(_containers_of(kustomization)), seen
 
 
 @pytest.mark.parametrize(
@@ -362,3 +363,41 @@ def test_the_mesh_runs_with_the_grpc_experiments_oms_chooses() -> None:
         m for m in of_kind(rendered("base"), "ConfigMap") if m["metadata"]["name"] == "oms-mesh"
     ]
     assert mesh["data"]["GRPC_EXPERIMENTS"] == MESH_GRPC_EXPERIMENTS
+
+
+def test_the_colocated_overlay_runs_each_shard_replica_with_its_roles_in_one_process() -> None:
+    """`overlays/colocated`: the shard pod is one container, `oms shard --colocate`, with
+    every role's port, lease and the persister's secrets; the rest is the base's."""
+    objects = rendered("overlays/colocated")
+    shard_sets = [
+        w for w in of_kind(objects, "StatefulSet") if w["metadata"]["name"].startswith("shard-")
+    ]
+    assert {w["metadata"]["name"] for w in shard_sets} == {"shard-s1", "shard-s2"}
+    for workload in shard_sets:
+        (container,) = containers(workload)
+        assert container["args"][:2] == ["shard", "--colocate"]
+        env = env_values(container)
+        assert env["OMS_SHARD_ADDRESS"] == "etcd" and env["OMS_SHARD_LOG"] == "etcd"
+        for role, port in (("PERSISTER", 7301), ("BRIDGE", 7401), ("RECONCILER", 7501)):
+            assert port_of(env[f"OMS_{role}_LISTEN"]) == port
+            assert env[f"OMS_{role}_LEADER_LEASE"] == "1"
+        declared = {p["containerPort"] for p in container["ports"]}
+        assert {7201, 7301, 7401, 7501} <= declared
+        secrets = {s.get("secretRef", {}).get("name") for s in container["envFrom"]}
+        assert {"oms-database", "oms-master-key"} <= secrets
+
+    # Everything but the shard pods is the base's.
+    def others(kustomization: str) -> list[Manifest]:
+        return [
+            o for o in rendered(kustomization)
+            if not (o["kind"] == "StatefulSet" and o["metadata"]["name"].startswith("shard-"))
+        ]  # fmt: skip
+
+    assert others("overlays/colocated") == others("base")
+
+
+def _containers_of(kustomization: str) -> tuple[str, ...]:
+    """The mesh's containers by name: the shard's roles are its own containers unless
+    the shard pod is one process."""
+    roles = ("persister", "bridge", "reconciler") if kustomization in PROCESS_PER_SERVICE else ()
+    return ("gateway", "matcher", "shard", *roles, "operator")

@@ -158,3 +158,38 @@ async def test_reads_as_of_a_position_see_every_write_before_it(
                 await persister.stub.ListOrders(bad)
             assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
             assert reason_of(invalid.value) == "PERSISTER_ERROR_REASON_INVALID_FIELD"
+
+
+async def test_a_reader_waiting_for_a_position_has_it_written_at_once(
+    start_mesh: Callable[..., Mesh],
+) -> None:
+    """The write-behind writes every interval, or at once when a read waits for a
+    position: with an interval far longer than the read's wait, the read still sees
+    the order's row, in much less than the interval."""
+    mesh = start_mesh(
+        persister_environment={
+            "OMS_PERSISTER_WRITE_INTERVAL_MS": "5000",
+            "OMS_PERSISTER_READ_WAIT_MS": "2000",
+        }
+    )
+    async with (
+        aio_channel(mesh.shard.address) as shard_channel,
+        aio_channel(mesh.persister.address) as persister_channel,
+    ):
+        shard = ShardClient(shard_channel)
+        persister = PersisterClient(persister_channel)
+        buyer = (await persister.create_user()).user_id
+        await shard.run(deposit(buyer, 10_000_000_000))
+        for n in range(3):
+            (order,) = await shard.run(
+                limit_order(buyer, f"hurry-{n}", price_ticks=PRICE, quantity_lots=1)
+            )
+            started = time.monotonic()
+            stored = await persister.stub.GetStoredOrder(
+                persister_pb2.StoredOrderQuery(
+                    user_id=buyer, client_order_id=f"hurry-{n}", as_of_position=order.stamp.position
+                )
+            )
+            waited_s = time.monotonic() - started
+            assert stored.order_id == order.order_id
+            assert waited_s < 2.0, waited_s  # the read's own wait; the interval is 5 s
