@@ -13,7 +13,8 @@ follower's `LeaderGate` refuses here too), the call's metadata, `abort` ending t
 call with a status the caller receives as `grpc.aio.AioRpcError`, and cancellation
 when the caller cancels. Messages cross as objects where both sides use the same
 message type; a side that works in wire bytes (the shard's Execute and its egress
-frames) is met by encoding or decoding on the other side, never both. Server
+frames) is met by encoding or decoding on the other side, never both, unless its
+handler, told the call is in-process, hands over the messages themselves. Server
 streams are bounded queues (`STREAM_WINDOW` messages), as HTTP/2's flow control
 bounds a real stream. Only what the mesh's callers use is implemented: unary and
 streaming calls, `initial_metadata`, `code`, `details`, `done`, `cancel`; a call's
@@ -105,6 +106,10 @@ def _chained(
 class _Context:
     """What a handler may ask of its call (`grpc.aio.ServicerContext`'s parts in use)."""
 
+    # A handler may look at this: one whose responses are wire bytes may hand an
+    # in-process caller objects that read as the messages instead (the shard's egress).
+    in_process = True
+
     def __init__(self, metadata: Metadata) -> None:
         self._metadata = metadata
         self.initial: asyncio.Future[Metadata] = asyncio.get_running_loop().create_future()
@@ -158,9 +163,15 @@ def _converter(
     encode: Callable[[Any], bytes] | None, decode: Callable[[bytes], Any] | None
 ) -> Callable[[Any], Any]:
     """From one side's form of a message to the other's: bytes to a message, a message
-    to bytes, or the object itself when both sides use messages (or both bytes)."""
+    to bytes, or the object itself when both sides use messages (or both bytes). A
+    side that declares bytes but hands an object (`_Context.in_process`) is passed
+    through as it is."""
     if encode is None and decode is not None:
-        return decode
+
+        def decoded(message: Any) -> Any:
+            return decode(message) if isinstance(message, bytes) else message
+
+        return decoded
     if encode is not None and decode is None:
         return encode
     return _same

@@ -1,11 +1,15 @@
 """Durable egress encoded once, shared by every subscriber.
 
 The persister, the bridge and each gateway follow the same records with
-different kind filters. Each record's items are turned into protobuf once, and
-kept as ready wire frames of `ShardEgressBatch.items` (field 1, length-delimited):
-a subscriber's message is then the concatenation of the frames it selects, with
-no per-subscriber protobuf work. A small cache keeps the frames of recent records,
-since subscribers read the same records within a few loop turns of each other.
+different kind filters. Each record's items are turned into protobuf messages
+once (`EgressPiece`), and a piece's wire frame (`ShardEgressBatch.items`, field 1,
+length-delimited) is made the first time a subscriber over gRPC needs it: a
+subscriber's message is then the concatenation of the frames it selects, with no
+per-subscriber protobuf work. A subscriber in the same process (a co-located
+persister or bridge) takes the messages themselves (`EgressBatchView`): no frame is
+made for it and nothing is parsed again. A small cache keeps the pieces of recent
+records, since subscribers read the same records within a few loop turns of each
+other; the messages are shared, so subscribers only read them.
 """
 
 from __future__ import annotations
@@ -21,8 +25,37 @@ THROUGH_POSITION_TAG = b"\x10"  # ShardEgressBatch.through_position: field 2, va
 CACHED_RECORDS = 1_024
 EGRESS_PER_MESSAGE = 2_000  # items; a message this long may be cut between positions
 
-# (log position, egress kind, the user of an order update (else 0), framed bytes)
-Frame = tuple[int, str, int, bytes]
+
+class EgressPiece:
+    """One egress item of one log position, as a message; its wire frame on demand."""
+
+    __slots__ = ("_frame", "kind", "message", "position", "user_id")
+
+    def __init__(self, position: int, kind: str, user_id: int, message: Any) -> None:
+        self.position = position
+        self.kind = kind
+        self.user_id = user_id  # of an order update, else 0
+        self.message = message  # a shard_pb2.ShardEgress, read-only once made
+        self._frame: bytes | None = None
+
+    @property
+    def frame(self) -> bytes:
+        frame = self._frame
+        if frame is None:
+            data = self.message.SerializeToString()
+            frame = self._frame = ITEMS_FIELD_TAG + _varint(len(data)) + data
+        return frame
+
+
+class EgressBatchView:
+    """What an in-process subscriber receives: `ShardEgressBatch`'s two fields, the
+    items being the shared messages themselves."""
+
+    __slots__ = ("items", "through_position")
+
+    def __init__(self, items: list[Any], through_position: int) -> None:
+        self.items = items
+        self.through_position = through_position
 
 
 def _varint(value: int) -> bytes:
@@ -39,26 +72,25 @@ def through_position_frame(position: int) -> bytes:
     return THROUGH_POSITION_TAG + _varint(position)
 
 
-def frames_of(record: EgressRecord[Any]) -> list[Frame]:
-    frames: list[Frame] = []
+def frames_of(record: EgressRecord[Any]) -> list[EgressPiece]:
+    pieces: list[EgressPiece] = []
     time_ms = record.consensus_time_ms
     for position, item in record.items:
         for message in egress_to_protobufs(item, position, time_ms):
-            data = message.SerializeToString()
             kind = message.WhichOneof("egress") or ""
             user_id = message.order_update.user_id if kind == "order_update" else 0
-            frames.append((position, kind, user_id, ITEMS_FIELD_TAG + _varint(len(data)) + data))
-    return frames
+            pieces.append(EgressPiece(position, kind, user_id, message))
+    return pieces
 
 
 class EgressFrames:
     def __init__(self, capacity: int = CACHED_RECORDS) -> None:
         self.capacity = capacity
-        self._cache: OrderedDict[int, list[Frame]] = OrderedDict()
+        self._cache: OrderedDict[int, list[EgressPiece]] = OrderedDict()
         self.encoded = 0
         self.reused = 0
 
-    def of(self, record: EgressRecord[Any]) -> list[Frame]:
+    def of(self, record: EgressRecord[Any]) -> list[EgressPiece]:
         if not record.items:
             return []
         key = record.items[0][0]
@@ -79,9 +111,10 @@ class EgressSelection:
 
     Records are added as they become durable; `message()` takes what was gathered:
     the selected frames and, for a subscriber that asks, the position the log is
-    covered through. A message never splits one position's items (a subscriber
-    treats every position in a message as complete); past `EGRESS_PER_MESSAGE`
-    items `add` hands back full messages at once.
+    covered through (`view()` the same as messages, for a subscriber in-process). A
+    message never splits one position's items (a subscriber treats every position in
+    a message as complete); past `EGRESS_PER_MESSAGE` items `add` hands back full
+    messages at once.
     """
 
     def __init__(
@@ -93,6 +126,7 @@ class EgressSelection:
         order_update_users: frozenset[int],
         urgent_kinds: frozenset[str],
         with_through: bool,
+        in_process: bool = False,
     ) -> None:
         self.frames = frames
         self.from_position = from_position
@@ -100,46 +134,54 @@ class EgressSelection:
         self.users = order_update_users
         self.urgent_kinds = urgent_kinds
         self.with_through = with_through
+        self.in_process = in_process
         self.urgent = False  # what is gathered holds an urgent kind
-        self._chunk: list[bytes] = []
+        self._chunk: list[EgressPiece] = []
         self._through = 0  # the log's position the gathered records reach
         self._through_sent = 0
 
     def has_message(self) -> bool:
         return bool(self._chunk) or (self.with_through and self._through > self._through_sent)
 
-    def add(self, records: list[EgressRecord[Any]]) -> list[bytes]:
+    def add(self, records: list[EgressRecord[Any]]) -> list[bytes | EgressBatchView]:
         """Gather `records`; the full messages they made, to send now."""
-        full: list[bytes] = []
+        full: list[bytes | EgressBatchView] = []
         previous = 0
         kinds, users, urgent_kinds = self.kinds, self.users, self.urgent_kinds
-        chunk = self._chunk
         for record in records:
-            for position, kind, user_id, frame in self.frames.of(record):
+            for piece in self.frames.of(record):
+                position = piece.position
                 if position < self.from_position:
                     continue  # a resume inside a multi-entry record: delivered
                 # Split only between positions' items, never inside one position.
-                if position != previous and len(chunk) >= EGRESS_PER_MESSAGE:
-                    full.append(b"".join(chunk))
-                    chunk.clear()
+                if position != previous and len(self._chunk) >= EGRESS_PER_MESSAGE:
+                    full.append(self._take(with_through=False))
                 previous = position
+                kind = piece.kind
                 if (not kinds or kind in kinds) and (
-                    not users or kind != "order_update" or user_id in users
+                    not users or kind != "order_update" or piece.user_id in users
                 ):
-                    chunk.append(frame)
+                    self._chunk.append(piece)
                     if kind in urgent_kinds:
                         self.urgent = True
         if records:
             self._through = records[-1].last_position
         return full
 
-    def message(self) -> bytes:
-        """What is gathered, as one `ShardEgressBatch`; gathering starts again."""
-        parts = self._chunk
-        if self.with_through:
-            parts.append(through_position_frame(self._through))
-            self._through_sent = self._through
-        message = b"".join(parts)
-        self._chunk = []
+    def message(self) -> bytes | EgressBatchView:
+        """What is gathered, as one `ShardEgressBatch` (its wire bytes, or a view of it
+        in-process); gathering starts again."""
+        return self._take(with_through=self.with_through)
+
+    def _take(self, *, with_through: bool) -> bytes | EgressBatchView:
+        pieces, self._chunk = self._chunk, []
         self.urgent = False
-        return message
+        through = 0
+        if with_through:
+            through = self._through_sent = self._through
+        if self.in_process:
+            return EgressBatchView([piece.message for piece in pieces], through)
+        parts = [piece.frame for piece in pieces]
+        if with_through:
+            parts.append(through_position_frame(through))
+        return b"".join(parts)

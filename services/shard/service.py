@@ -43,7 +43,7 @@ from services.shard.core.actor import UserActor
 from services.shard.core.codec import egress_to_protobufs
 from services.shard.core.egress import ShardResult, SubmitToMatcher
 from services.shard.core.shard_machine import ShardMachine
-from services.shard.egress_frames import EgressFrames, EgressSelection
+from services.shard.egress_frames import EgressBatchView, EgressFrames, EgressSelection
 from services.shard.result_router import ResultRouter, Stamped
 from services.shard.routing_feed import RoutingFeed
 from services.shard.tick_mailbox import MarkCadence, TickMailbox
@@ -203,7 +203,7 @@ class ShardServicer:
 
     async def subscribe_egress(
         self, request: shard_pb2.EgressSubscription, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[bytes | EgressBatchView]:
         selection = EgressSelection(
             self.frames,
             from_position=max(1, request.from_position),
@@ -211,6 +211,8 @@ class ShardServicer:
             order_update_users=frozenset(request.order_update_users),
             urgent_kinds=frozenset(request.urgent_kinds),
             with_through=request.through_positions,
+            # A subscriber in this process takes the messages, not their bytes.
+            in_process=getattr(context, "in_process", False),
         )
         interval_s = request.min_interval_ms / 1000
         loop = asyncio.get_running_loop()

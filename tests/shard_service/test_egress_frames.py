@@ -5,7 +5,7 @@ from __future__ import annotations
 from protos.oms.v1 import shard_pb2
 from services.runtime.egress_feed import EgressRecord
 from services.shard.core.codec import encode_egress_batch
-from services.shard.egress_frames import EgressFrames
+from services.shard.egress_frames import EgressBatchView, EgressFrames, EgressSelection
 from tests.shard.support import ShardDriver
 
 
@@ -18,11 +18,25 @@ def test_concatenated_frames_are_the_batch_and_are_encoded_once() -> None:
     frames = EgressFrames()
     first = frames.of(record)
     assert frames.of(record) is first and (frames.encoded, frames.reused) == (1, 1)
-    parsed = shard_pb2.ShardEgressBatch.FromString(b"".join(frame for _, _, _, frame in first))
+    parsed = shard_pb2.ShardEgressBatch.FromString(b"".join(piece.frame for piece in first))
     assert parsed == encode_egress_batch(egress, 7, 7)
-    kinds = [kind for _, kind, _, _ in first]
+    kinds = [piece.kind for piece in first]
     assert kinds == [item.WhichOneof("egress") for item in parsed.items]
     # An order update names its user (a gateway's subscription filters on it).
-    users = [user for _, kind, user, _ in first if kind == "order_update"]
+    users = [piece.user_id for piece in first if piece.kind == "order_update"]
     assert users and set(users) == {1}
-    assert {user for _, kind, user, _ in first if kind != "order_update"} == {0}
+    assert {piece.user_id for piece in first if piece.kind != "order_update"} == {0}
+    # In-process, the same items as messages, with no frame made for them.
+    selection = EgressSelection(
+        EgressFrames(),
+        from_position=1,
+        kinds=frozenset(),
+        order_update_users=frozenset(),
+        urgent_kinds=frozenset(),
+        with_through=True,
+        in_process=True,
+    )
+    assert selection.add([record]) == []
+    view = selection.message()
+    assert isinstance(view, EgressBatchView) and view.through_position == 7
+    assert list(view.items) == list(parsed.items)
