@@ -27,6 +27,7 @@ from protos.oms.v1 import gateway_pb2
 from services.observability.metrics import ACK_LATENCY
 
 MAX_BATCH = 1_000
+DEADLINE = "the request's deadline passed"  # the message a late request is cancelled with
 
 PlaceHandler = Callable[[gateway_pb2.PlaceOrderRequest], Awaitable[gateway_pb2.OrderAck]]
 CancelHandler = Callable[[gateway_pb2.CancelOrderRequest], Awaitable[gateway_pb2.CancelAck]]
@@ -59,6 +60,11 @@ class TradeSession:
         self.refusal: GatewayError | None = None
         self.failure: BaseException | None = None  # a bug answering a request ends the stream
         self._tasks: set[asyncio.Task[None]] = set()
+        # The requests being answered, oldest first, with their deadlines: one deadline
+        # for every request of the stream, so arrival order is deadline order, and one
+        # sweep (`_expire`) ends the late ones, instead of a timer per request.
+        self._deadlines: deque[tuple[float, asyncio.Task[None]]] = deque()
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def run(
         self, requests: AsyncIterator[gateway_pb2.TradeRequestBatch]
@@ -89,6 +95,8 @@ class TradeSession:
                 raise self.refusal
         finally:
             reader.cancel()
+            if self._sweeper is not None:
+                self._sweeper.cancel()
             for task in list(self._tasks):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -133,21 +141,42 @@ class TradeSession:
         task = asyncio.create_task(self._answer(request, kind))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        self._deadlines.append((asyncio.get_running_loop().time() + self.deadline_s, task))
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._expire())
+
+    async def _expire(self) -> None:
+        """Cancel each request still unanswered at its deadline (it answers TIMEOUT);
+        runs while requests are being answered, sleeping until the oldest one's."""
+        loop = asyncio.get_running_loop()
+        deadlines = self._deadlines
+        while deadlines:
+            deadline, task = deadlines[0]
+            if task.done():
+                deadlines.popleft()
+                continue
+            wait_s = deadline - loop.time()
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+                continue
+            deadlines.popleft()
+            task.cancel(DEADLINE)
 
     async def _answer(self, request: gateway_pb2.TradeRequest, kind: str) -> None:
         response = gateway_pb2.TradeResponse(request_id=request.request_id)
         started = time.perf_counter()
         outcome = "error"
         try:
-            async with asyncio.timeout(self.deadline_s):
-                if kind == "place":
-                    response.place.CopyFrom(await self.place(request.place))
-                    outcome = "accepted" if response.place.accepted else "refused"
-                else:
-                    response.cancel.CopyFrom(await self.cancel(request.cancel))
+            if kind == "place":
+                response.place.CopyFrom(await self.place(request.place))
+                outcome = "accepted" if response.place.accepted else "refused"
+            else:
+                response.cancel.CopyFrom(await self.cancel(request.cancel))
         except GatewayError as error:
             response = self._error(request.request_id, error)
-        except TimeoutError:
+        except asyncio.CancelledError as cancelled:
+            if cancelled.args != (DEADLINE,):
+                raise  # the stream is going away
             outcome = "timeout"
             response = self._error(request.request_id, deadline_passed(self.deadline_s))
         except Exception as error:

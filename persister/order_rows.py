@@ -111,28 +111,8 @@ class InsertReport:
 async def insert_orders(
     session: Session, orders: Sequence[NewOrder], shard_id: str
 ) -> InsertReport:
-    rows = await session.fetch(
-        _INSERT,
-        [o.order_id for o in orders],
-        [o.user_id for o in orders],
-        [o.client_order_id for o in orders],
-        [o.symbol for o in orders],
-        [o.side for o in orders],
-        [o.order_type for o in orders],
-        [o.time_in_force for o in orders],
-        [o.price_ticks for o in orders],
-        [o.quantity_lots for o in orders],
-        [o.quote_amount for o in orders],
-        [o.status for o in orders],
-        [o.filled_lots for o in orders],
-        [o.remaining_lots for o in orders],
-        shard_id,
-        [o.position for o in orders],
-        [o.accepted_at_ms for o in orders],
-        [max(o.updated_position, o.position) for o in orders],
-        [max(o.updated_at_ms, o.accepted_at_ms) for o in orders],
-        [user_sequence(o.order_id) for o in orders],
-    )
+    columns = order_columns(orders)
+    rows = await session.fetch(_INSERT, *columns[:13], shard_id, *columns[13:])
     return await classify_orders(session, orders, {row["order_id"] for row in rows})
 
 
@@ -207,15 +187,7 @@ async def classify_orders(
 
 async def update_orders(session: Session, changes: Sequence[OrderChange]) -> int:
     """Apply the newest change per order (one per order id); how many rows changed."""
-    rows = await session.fetch(
-        _UPDATE,
-        [c.order_id for c in changes],
-        [c.status for c in changes],
-        [c.filled_lots for c in changes],
-        [c.remaining_lots for c in changes],
-        [c.position for c in changes],
-        [c.time_ms for c in changes],
-    )
+    rows = await session.fetch(_UPDATE, *change_columns(changes))
     return len(rows)
 
 

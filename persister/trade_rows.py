@@ -76,21 +76,8 @@ class FillReport:
 
 
 async def insert_fills(session: Session, fills: Sequence[FillRow], shard_id: str) -> FillReport:
-    rows = await session.fetch(
-        _INSERT_FILLS,
-        [f.order_id for f in fills],
-        [f.trade_id for f in fills],
-        [f.user_id for f in fills],
-        [f.symbol for f in fills],
-        [f.side for f in fills],
-        [f.price_ticks for f in fills],
-        [f.quantity_lots for f in fills],
-        [f.fee for f in fills],
-        [f.maker for f in fills],
-        shard_id,
-        [f.position for f in fills],
-        [f.consensus_time_ms for f in fills],
-    )
+    columns = fill_columns(fills)
+    rows = await session.fetch(_INSERT_FILLS, *columns[:9], shard_id, *columns[9:])
     return await classify_fills(
         session, fills, {(row["order_id"], row["trade_id"]) for row in rows}
     )
@@ -148,16 +135,5 @@ async def classify_fills(
 
 async def insert_ledger(session: Session, rows: Sequence[LedgerRow], shard_id: str) -> int:
     """Insert the rows; how many were already there (a replay of their positions)."""
-    inserted = await session.fetch(
-        _INSERT_LEDGER,
-        shard_id,
-        [r.position for r in rows],
-        [r.item_index for r in rows],
-        [r.user_id for r in rows],
-        [r.account for r in rows],
-        [r.asset for r in rows],
-        [r.amount for r in rows],
-        [r.reference for r in rows],
-        [r.consensus_time_ms for r in rows],
-    )
+    inserted = await session.fetch(_INSERT_LEDGER, shard_id, *ledger_columns(rows))
     return len(rows) - len(inserted)

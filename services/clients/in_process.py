@@ -335,54 +335,27 @@ class InProcessChannel:
     def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
         return grpc.ChannelConnectivity.READY
 
-    def unary_unary(
-        self,
-        method: str,
-        request_serializer: Callable[[Any], bytes] | None = None,
-        response_deserializer: Callable[[bytes], Any] | None = None,
-        **_: Any,
-    ) -> Callable[..., _UnaryResponseCall]:
-        return self._multicallable(method, request_serializer, response_deserializer, "unary_unary")
+    # grpc.aio.Channel's four kinds of call, each `(method, request_serializer,
+    # response_deserializer)` giving the callable a stub keeps.
+    def unary_unary(self, method: str, *codec: Any, **options: Any) -> Callable[..., _Call]:
+        return self._multicallable("unary_unary", method, *codec, **options)
 
-    def unary_stream(
-        self,
-        method: str,
-        request_serializer: Callable[[Any], bytes] | None = None,
-        response_deserializer: Callable[[bytes], Any] | None = None,
-        **_: Any,
-    ) -> Callable[..., _StreamResponseCall]:
-        return self._multicallable(
-            method, request_serializer, response_deserializer, "unary_stream"
-        )
+    def unary_stream(self, method: str, *codec: Any, **options: Any) -> Callable[..., _Call]:
+        return self._multicallable("unary_stream", method, *codec, **options)
 
-    def stream_unary(
-        self,
-        method: str,
-        request_serializer: Callable[[Any], bytes] | None = None,
-        response_deserializer: Callable[[bytes], Any] | None = None,
-        **_: Any,
-    ) -> Callable[..., _UnaryResponseCall]:
-        return self._multicallable(
-            method, request_serializer, response_deserializer, "stream_unary"
-        )
+    def stream_unary(self, method: str, *codec: Any, **options: Any) -> Callable[..., _Call]:
+        return self._multicallable("stream_unary", method, *codec, **options)
 
-    def stream_stream(
-        self,
-        method: str,
-        request_serializer: Callable[[Any], bytes] | None = None,
-        response_deserializer: Callable[[bytes], Any] | None = None,
-        **_: Any,
-    ) -> Callable[..., _StreamResponseCall]:
-        return self._multicallable(
-            method, request_serializer, response_deserializer, "stream_stream"
-        )
+    def stream_stream(self, method: str, *codec: Any, **options: Any) -> Callable[..., _Call]:
+        return self._multicallable("stream_stream", method, *codec, **options)
 
     def _multicallable(
         self,
-        method: str,
-        request_serializer: Callable[[Any], bytes] | None,
-        response_deserializer: Callable[[bytes], Any] | None,
         kind: str,
+        method: str,
+        request_serializer: Callable[[Any], bytes] | None = None,
+        response_deserializer: Callable[[bytes], Any] | None = None,
+        **_: Any,
     ) -> Callable[..., Any]:
         server = self.server
 

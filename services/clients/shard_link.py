@@ -399,8 +399,10 @@ class ShardLink:
             # a suite once read READY just after the stall that ended it was counted).
             self.state = LinkState.AWAY
             self._ready.clear()
-            # A call that ended with an error does not stop its request iterator: tell it.
+            # A call that ended with an error does not stop its request iterator: tell it
+            # (it waits on the queue's event, so that one wakes it too).
             ended.set()
+            self._queued.set()
             call.cancel()
             if reader is not None:
                 reader.cancel()
@@ -453,7 +455,10 @@ class ShardLink:
             if not self._pending:
                 while not self._pending:
                     self._queued.clear()
-                    if not await _first_of(self._queued, ended):
+                    # One event, not a race of two (two tasks a batch): the stream's end
+                    # sets it too.
+                    await self._queued.wait()
+                    if ended.is_set():
                         return
                 # Unary callers arrive one per loop turn: a short linger after an idle spell
                 # lets a burst share one batch (one message, one log entry) instead of one each.
