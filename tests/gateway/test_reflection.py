@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from services.clients.channels import mesh_channel
@@ -65,7 +65,11 @@ async def test_reflection_lists_the_gateway_and_describes_it_well_enough_to_call
         # a key, so the API is described to anyone but usable only with a signature.
         request_class = message_factory.GetMessageClass(place.input_type)
         response_class = message_factory.GetMessageClass(place.output_type)
-        request = request_class(client_order_id="from-reflection", symbol="BTC-USDT")
+        # Fields set by name, as a client knowing only the descriptors would (ParseDict
+        # rather than keyword arguments, which the Message stubs do not type).
+        request = json_format.ParseDict(
+            {"client_order_id": "from-reflection", "symbol": "BTC-USDT"}, request_class()
+        )
         call = channel.unary_unary(
             "/oms.v1.OrderGateway/PlaceOrder",
             request_serializer=request_class.SerializeToString,
