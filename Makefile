@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOCK := requirements.lock
-PROTO_SOURCES := $(wildcard protos/oms/v1/*.proto)
+# etcd's API as stripped by protos/etcd/strip_options.py from etcd's own files (upstream/).
+ETCD_PROTO_SOURCES := protos/etcd/etcdserverpb/rpc.proto protos/etcd/mvccpb/kv.proto \
+	protos/etcd/authpb/auth.proto
+PROTO_SOURCES := $(wildcard protos/oms/v1/*.proto) $(ETCD_PROTO_SOURCES)
 PROTO_STAMP := protos/oms/v1/.generated
 
 .PHONY: all install protos lint typecheck pytest test run bench clean lock
@@ -41,10 +44,11 @@ $(PROTO_STAMP): $(PROTO_SOURCES) $(STAMP)
 protos: $(PROTO_STAMP)
 
 lint: install
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check . protos/etcd/strip_options.py
+	$(BIN)/ruff format --check . protos/etcd/strip_options.py
+	$(BIN)/python protos/etcd/strip_options.py --check
 	$(BIN)/lint-imports
-	$(BIN)/mypy services gateway bridge persister k8s tests
+	$(BIN)/mypy services gateway bridge persister k8s tests protos/etcd/strip_options.py
 
 pytest: install
 	$(BIN)/pytest -q

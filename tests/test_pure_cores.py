@@ -23,7 +23,6 @@ FORBIDDEN_MODULES = {
     "asyncio",
     "grpc",
     "asyncpg",
-    "aetcd",
     "time",
     "random",
     "os",

@@ -11,6 +11,12 @@ class CoordinationUnavailable(CoordinationError):
     """etcd did not answer (no quorum, no member reachable, a timeout): retry."""
 
 
+class CoordinationDenied(CoordinationError):
+    """etcd refused the call for who made it (auth on: the certificate's name is no user
+    of etcd's, or its role does not cover the key). Retrying will not help: the
+    deployment's certificates or etcd's users and roles are wrong."""
+
+
 class RevisionCompacted(CoordinationError):
     """The history asked for is compacted away: read the current state and go on from it."""
 

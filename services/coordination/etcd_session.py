@@ -1,4 +1,7 @@
-"""The one module that speaks etcd (through aetcd): keys, fenced transactions, leases, watches.
+"""The one module that speaks etcd: keys, fenced transactions, leases, watches, status.
+
+It calls etcd's own gRPC services through stubs generated from etcd's protos
+(`etcd_channel`); there is no third-party etcd client.
 
 Everything else in the mesh uses `EtcdSession` and sees only our own errors
 (`services.coordination.errors`): `CoordinationUnavailable` when etcd cannot
@@ -21,25 +24,40 @@ import contextlib
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 
-import aetcd
-import aetcd.exceptions
 import grpc
-from aetcd import rpc
 
-from services.coordination.errors import CoordinationUnavailable, RevisionCompacted
+from protos.etcd.etcdserverpb import rpc_pb2 as rpc
+from protos.etcd.etcdserverpb import rpc_pb2_grpc
+from protos.etcd.mvccpb import kv_pb2
+from services.coordination.errors import (
+    CoordinationDenied,
+    CoordinationError,
+    CoordinationUnavailable,
+    RevisionCompacted,
+)
+from services.coordination.etcd_channel import (
+    PLAINTEXT,
+    EtcdChannel,
+    EtcdCredentials,
+    prefix_end,
+)
 from services.coordination.etcd_endpoints import ChannelRing, channel_targets, parse_endpoints
 
+__all__ = [
+    "BlockingLeaseRenewer",
+    "Entry",
+    "EtcdMember",
+    "EtcdSession",
+    "Guard",
+    "StorageStatus",
+    "WatchEvent",
+    "prefix_end",
+]
+
 DEFAULT_TIMEOUT_S = 5.0
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-_CHANNEL_OPTIONS = {
-    "grpc.lb_policy_name": "round_robin",
-    "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
-    "grpc.max_reconnect_backoff_ms": 1000,
-    "grpc.max_receive_message_length": MAX_MESSAGE_BYTES,
-    "grpc.max_send_message_length": MAX_MESSAGE_BYTES,
-    "grpc.use_local_subchannel_pool": 1,
-}
+# What etcd answers when the caller may not do what it asked (auth on: a certificate
+# whose name is no user, or a user without the role for the key); retrying will not help.
+_DENIED_CODES = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +83,17 @@ class StorageStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class EtcdMember:
+    """One member of the etcd cluster as it lists itself."""
+
+    member_id: int
+    name: str
+    client_urls: tuple[str, ...]
+    peer_urls: tuple[str, ...]
+    is_learner: bool
+
+
+@dataclass(frozen=True, slots=True)
 class WatchEvent:
     kind: str  # "put" or "delete"
     entry: Entry
@@ -79,18 +108,7 @@ class Guard:
     create_revision: int
 
 
-def prefix_end(prefix: bytes) -> bytes:
-    """The end of the key range holding every key that starts with `prefix`."""
-    return aetcd.utils.prefix_range_end(prefix)  # type: ignore[no-any-return]
-
-
-def _host_and_port(target: str) -> tuple[str, int]:
-    """aetcd formats its target as f"{host}:{port}": split ours at its last colon."""
-    host, _, port = target.rpartition(":")
-    return host, int(port)
-
-
-def _entry(kv: rpc.KeyValue) -> Entry:
+def _entry(kv: kv_pb2.KeyValue) -> Entry:
     return Entry(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.lease)
 
 
@@ -98,24 +116,30 @@ def _unavailable(error: BaseException) -> CoordinationUnavailable:
     return CoordinationUnavailable(f"etcd: {type(error).__name__}: {error}")
 
 
-def _open_client(target: str, timeout_s: float) -> aetcd.Client:
-    host, port = _host_and_port(target)
-    return aetcd.Client(host=host, port=port, timeout=timeout_s, options=dict(_CHANNEL_OPTIONS))
-
-
-def _connected(client: aetcd.Client) -> bool:
-    channel = client.channel
-    return channel is not None and channel.get_state() == grpc.ChannelConnectivity.READY
+def _refused(error: grpc.aio.AioRpcError | grpc.RpcError) -> CoordinationError:
+    """Our error for a failed call: denied (do not retry) or unavailable (retry)."""
+    if isinstance(error, grpc.aio.AioRpcError) and error.code() in _DENIED_CODES:
+        return CoordinationDenied(f"etcd refused the call: {error.details()}")
+    if isinstance(error, grpc.Call) and error.code() in _DENIED_CODES:
+        return CoordinationDenied(f"etcd refused the call: {error.details()}")
+    return _unavailable(error)
 
 
 class EtcdSession:
-    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        credentials: EtcdCredentials = PLAINTEXT,
+    ) -> None:
         self.endpoints = tuple(endpoints)
         self.timeout_s = timeout_s
-        self._ring: ChannelRing[aetcd.Client] = ChannelRing(
+        self.credentials = credentials
+        self._ring: ChannelRing[EtcdChannel] = ChannelRing(
             channel_targets(parse_endpoints(self.endpoints)),
-            lambda target: _open_client(target, timeout_s),
-            _connected,
+            lambda target: EtcdChannel.open(target, credentials),
+            lambda channel: channel.connected,
         )
         self._chosen = False  # whether the first call looked for an endpoint that answers
         self.revision = 0  # the newest store revision any answer carried
@@ -128,37 +152,37 @@ class EtcdSession:
         await self.close()
 
     async def close(self) -> None:
-        for client in self._ring.opened():
+        for channel in self._ring.opened():
             with contextlib.suppress(Exception):
-                await client.close()
+                await channel.close()
 
     @contextlib.contextmanager
-    def _translated(self, client: aetcd.Client) -> Iterator[None]:
-        """Our errors for the library's; a call that found etcd unavailable sends the
-        next ones to another endpoint (when there are several channels)."""
+    def _translated(self, channel: EtcdChannel) -> Iterator[None]:
+        """Our errors for gRPC's; a call that found etcd unavailable sends the next ones
+        to another endpoint (when there are several channels)."""
         try:
             yield
-        except aetcd.exceptions.RevisionCompactedError as error:
-            raise RevisionCompacted(error.compacted_revision) from error
-        except (aetcd.exceptions.ClientError, grpc.aio.AioRpcError, OSError) as error:
-            self._ring.failed(client)
-            raise _unavailable(error) from error
+        except (TimeoutError, grpc.aio.AioRpcError, OSError) as error:
+            translated = (
+                _refused(error) if isinstance(error, grpc.aio.AioRpcError) else _unavailable(error)
+            )
+            if isinstance(translated, CoordinationUnavailable):
+                self._ring.failed(channel)
+            raise translated from error
 
-    async def _ready(self) -> aetcd.Client:
-        """The client calls go to now, connected (its channel, not yet its socket)."""
+    async def _ready(self) -> EtcdChannel:
+        """The channel calls go to now (connected, or connecting on the call)."""
         if not self._chosen:
             self._chosen = True
             await self._choose()
-        client = self._ring.current
-        with self._translated(client):
-            await client.connect()
-        if not _connected(client):
+        channel = self._ring.current
+        if not channel.connected:
             # Not connected now (down, or never tried): another that is takes the call.
-            ready = [other for other in self._ring.opened() if _connected(other)]
+            ready = [other for other in self._ring.opened() if other.connected]
             if ready:
                 self._ring.prefer(ready[0])
-                client = ready[0]
-        return client
+                channel = ready[0]
+        return channel
 
     def endpoint_states(self) -> dict[str, str]:
         """Each channel's target and what gRPC says of its connection (READY, IDLE,
@@ -167,25 +191,17 @@ class EtcdSession:
             self._ring.index,
             *(i for i in range(len(self._ring.targets)) if i != self._ring.index),
         ]
-        clients = self._ring.every()
-        states = {}
-        for index in order:
-            channel = clients[index].channel
-            state = channel.get_state().name if channel is not None else "IDLE"
-            states[self._ring.targets[index]] = state
-        return states
+        channels = self._ring.every()
+        return {self._ring.targets[index]: channels[index].state() for index in order}
 
     async def _choose(self) -> None:
         """With several channels, start the first call at one that connects (the first
         endpoint listed may be down), waiting at most the session's timeout."""
         if len(self._ring.targets) == 1:
             return
-        clients = self._ring.every()
-        for client in clients:
-            with self._translated(client):
-                await client.connect()
+        channels = self._ring.every()
         waits = {
-            asyncio.ensure_future(client.channel.channel_ready()): client for client in clients
+            asyncio.ensure_future(channel.channel.channel_ready()): channel for channel in channels
         }
         try:
             done, _ = await asyncio.wait(
@@ -218,17 +234,28 @@ class EtcdSession:
         keys_only: bool = False,
     ) -> list[Entry]:
         """Keys in [start, end) in key order (`end` empty: `start` alone)."""
-        client = await self._ready()
+        channel = await self._ready()
         request = rpc.RangeRequest(key=start, range_end=end, limit=limit, keys_only=keys_only)
         if descending:
             request.sort_order = rpc.RangeRequest.DESCEND
             request.sort_target = rpc.RangeRequest.KEY
-        with self._translated(client):
-            response = await client.kvstub.Range(request, timeout=self.timeout_s)
+        with self._translated(channel):
+            response = await channel.kv.Range(request, timeout=self.timeout_s)
         self._seen(response.header)
         return [_entry(kv) for kv in response.kvs]
 
     # --- writes ----------------------------------------------------------------------------
+
+    async def _txn(
+        self, request: rpc.TxnRequest, timeout_s: float | None = None
+    ) -> rpc.TxnResponse:
+        channel = await self._ready()
+        with self._translated(channel):
+            response: rpc.TxnResponse = await channel.kv.Txn(
+                request, timeout=timeout_s or self.timeout_s
+            )
+        self._seen(response.header)
+        return response
 
     async def transaction(
         self,
@@ -243,16 +270,15 @@ class EtcdSession:
 
         `timeout_s` (default: the session's) bounds this one request: a caller that can
         retry safely gives up sooner on a request that went to a member that died."""
-        client = await self._ready()
-        compares = []
-        for guard in guards:
-            compare = rpc.Compare(
+        compares = [
+            rpc.Compare(
                 key=guard.key,
                 result=rpc.Compare.EQUAL,
                 target=rpc.Compare.CREATE,
                 create_revision=guard.create_revision,
             )
-            compares.append(compare)
+            for guard in guards
+        ]
         operations = [
             rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
             for key, value in puts
@@ -261,16 +287,12 @@ class EtcdSession:
             rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=start, range_end=end))
             for start, end in deletes
         ]
-        request = rpc.TxnRequest(compare=compares, success=operations)
-        with self._translated(client):
-            response = await client.kvstub.Txn(request, timeout=timeout_s or self.timeout_s)
-        self._seen(response.header)
+        response = await self._txn(rpc.TxnRequest(compare=compares, success=operations), timeout_s)
         return bool(response.succeeded)
 
     async def swap(self, key: bytes, value: bytes, *, mod_revision: int) -> int | None:
         """Put `key` only if it was last written at `mod_revision` (0: absent); the
         revision of the write, or None if `key` changed in between."""
-        client = await self._ready()
         request = rpc.TxnRequest(
             compare=[
                 rpc.Compare(
@@ -282,14 +304,11 @@ class EtcdSession:
             ],
             success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))],
         )
-        with self._translated(client):
-            response = await client.kvstub.Txn(request, timeout=self.timeout_s)
-        self._seen(response.header)
+        response = await self._txn(request)
         return int(response.header.revision) if response.succeeded else None
 
     async def create(self, key: bytes, value: bytes, *, lease: int) -> tuple[bool, Entry | None]:
         """Put `key` if it does not exist; (created, the key as it is now)."""
-        client = await self._ready()
         request = rpc.TxnRequest(
             compare=[
                 rpc.Compare(
@@ -302,9 +321,7 @@ class EtcdSession:
             ],
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
         )
-        with self._translated(client):
-            response = await client.kvstub.Txn(request, timeout=self.timeout_s)
-        self._seen(response.header)
+        response = await self._txn(request)
         ranges = [r.response_range for r in response.responses if r.HasField("response_range")]
         kvs = ranges[-1].kvs if ranges else []
         return bool(response.succeeded), (_entry(kvs[0]) if kvs else None)
@@ -317,40 +334,86 @@ class EtcdSession:
 
     async def compact(self, revision: int) -> None:
         """Drop the history before `revision` (keys as they are now stay)."""
-        client = await self._ready()
-        with self._translated(client):
-            await client.kvstub.Compact(
+        channel = await self._ready()
+        with self._translated(channel):
+            await channel.kv.Compact(
                 rpc.CompactionRequest(revision=revision), timeout=self.timeout_s
             )
 
+    # --- the cluster -----------------------------------------------------------------------
+
     async def storage(self) -> StorageStatus:
-        client = await self._ready()
-        with self._translated(client):
-            response = await client.maintenancestub.Status(
-                rpc.StatusRequest(), timeout=self.timeout_s
-            )
+        channel = await self._ready()
+        with self._translated(channel):
+            response = await channel.maintenance.Status(rpc.StatusRequest(), timeout=self.timeout_s)
         self._seen(response.header)
         return StorageStatus(response.dbSize, response.dbSizeInUse, response.header.revision)
+
+    async def members(self) -> list[EtcdMember]:
+        """The cluster's members as the answering one knows them, by name."""
+        channel = await self._ready()
+        with self._translated(channel):
+            response = await channel.cluster.MemberList(
+                rpc.MemberListRequest(), timeout=self.timeout_s
+            )
+        self._seen(response.header)
+        found = [
+            EtcdMember(
+                member.ID,
+                member.name,
+                tuple(member.clientURLs),
+                tuple(member.peerURLs),
+                member.isLearner,
+            )
+            for member in response.members
+        ]
+        return sorted(found, key=lambda member: member.name)
 
     # --- leases ----------------------------------------------------------------------------
 
     async def grant_lease(self, ttl_s: int) -> int:
-        client = await self._ready()
-        with self._translated(client):
-            lease = await client.lease(ttl_s)
-        return int(lease.id)
+        channel = await self._ready()
+        with self._translated(channel):
+            response = await channel.lease.LeaseGrant(
+                rpc.LeaseGrantRequest(TTL=ttl_s), timeout=self.timeout_s
+            )
+        if response.error:
+            raise CoordinationUnavailable(f"etcd granted no lease: {response.error}")
+        self._seen(response.header)
+        return int(response.ID)
 
     async def keep_alive(self, lease_id: int) -> int:
         """Renew the lease; its remaining TTL in seconds (0 or less: it is gone)."""
-        client = await self._ready()
-        with self._translated(client):
-            reply = await client.refresh_lease(lease_id)
-        return int(reply.TTL) if reply is not None else 0
+        channel = await self._ready()
+        call = channel.lease.LeaseKeepAlive(
+            iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=self.timeout_s
+        )
+        try:
+            with self._translated(channel):
+                reply = await call.read()
+        finally:
+            call.cancel()
+        if reply is grpc.aio.EOF:
+            raise CoordinationUnavailable("etcd ended the keep-alive stream without an answer")
+        assert isinstance(reply, rpc.LeaseKeepAliveResponse)
+        return int(reply.TTL)
 
     async def revoke_lease(self, lease_id: int) -> None:
-        client = await self._ready()
-        with self._translated(client):
-            await client.revoke_lease(lease_id)
+        """End the lease and delete its keys (a lease already gone is not an error)."""
+        channel = await self._ready()
+        try:
+            with self._translated(channel):
+                await channel.lease.LeaseRevoke(
+                    rpc.LeaseRevokeRequest(ID=lease_id), timeout=self.timeout_s
+                )
+        except CoordinationUnavailable as error:
+            cause = error.__cause__
+            if (
+                isinstance(cause, grpc.aio.AioRpcError)
+                and cause.code() == grpc.StatusCode.NOT_FOUND
+            ):
+                return
+            raise
 
     # --- watches ---------------------------------------------------------------------------
 
@@ -359,22 +422,47 @@ class EtcdSession:
     ) -> AsyncGenerator[WatchEvent, None]:
         """Changes to keys in [start, end) from `from_revision` on, in revision order.
 
-        Raises `RevisionCompacted` when that revision's history is gone, and
-        `CoordinationUnavailable` when the watch breaks.
+        Raises `RevisionCompacted` when that revision's history is gone (when the watch
+        is created, or later if it falls behind a compaction), `CoordinationUnavailable`
+        when the watch breaks, `CoordinationDenied` when etcd refuses it. One stream per
+        watch: the few watches a process holds do not need etcd's multiplexing.
         """
-        client = await self._ready()
-        with self._translated(client):
-            watch = await client.watch(start, range_end=end, start_revision=from_revision)
+        channel = await self._ready()
+        call = channel.watch.Watch()
         try:
-            with self._translated(client):
-                async for event in watch:
-                    kv = event.kv
-                    entry = Entry(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.lease)
-                    self.revision = max(self.revision, kv.mod_revision)
-                    yield WatchEvent("delete" if event.kind == "DELETE" else "put", entry)
+            create = rpc.WatchCreateRequest(key=start, range_end=end, start_revision=from_revision)
+            with self._translated(channel):
+                await call.write(rpc.WatchRequest(create_request=create))
+                created = await asyncio.wait_for(call.read(), self.timeout_s)
+            response = self._watched(created)
+            if not response.created:
+                raise CoordinationUnavailable("etcd answered a watch request without creating it")
+            while True:
+                for event in response.events:
+                    entry = _entry(event.kv)
+                    self.revision = max(self.revision, entry.mod_revision)
+                    kind = "delete" if event.type == kv_pb2.Event.DELETE else "put"
+                    yield WatchEvent(kind, entry)
+                with self._translated(channel):
+                    answer = await call.read()
+                response = self._watched(answer)
         finally:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(watch.cancel())
+            call.cancel()
+
+    def _watched(self, answer: object) -> rpc.WatchResponse:
+        """One answer of a watch stream, or the error it stands for."""
+        if answer is grpc.aio.EOF:
+            raise CoordinationUnavailable("etcd ended the watch stream")
+        assert isinstance(answer, rpc.WatchResponse)
+        if answer.compact_revision:
+            # Never skipped: the caller reads the current state and watches on from it.
+            raise RevisionCompacted(answer.compact_revision)
+        if answer.canceled:
+            reason = answer.cancel_reason or "no reason given"
+            if "permission denied" in reason:
+                raise CoordinationDenied(f"etcd refused the watch: {reason}")
+            raise CoordinationUnavailable(f"etcd cancelled the watch: {reason}")
+        return answer
 
 
 class BlockingLeaseRenewer:
@@ -388,12 +476,17 @@ class BlockingLeaseRenewer:
     soon a dead or stopped leader is replaced, never who may write.
     """
 
-    def __init__(self, endpoints: Sequence[str], *, timeout_s: float) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout_s: float,
+        credentials: EtcdCredentials = PLAINTEXT,
+    ) -> None:
         self.timeout_s = timeout_s
-        options = list(_CHANNEL_OPTIONS.items())
         self._ring: ChannelRing[grpc.Channel] = ChannelRing(
             channel_targets(parse_endpoints(endpoints)),
-            lambda target: grpc.insecure_channel(target, options=options),
+            credentials.blocking_channel,
             lambda _channel: False,  # a blocking channel does not say; the next one is tried
         )
 
@@ -401,14 +494,16 @@ class BlockingLeaseRenewer:
         """Renew the lease; its remaining TTL in seconds (0 or less: it is gone)."""
         channel = self._ring.current
         try:
-            replies = rpc.LeaseStub(channel).LeaseKeepAlive(
+            replies = rpc_pb2_grpc.LeaseStub(channel).LeaseKeepAlive(
                 iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=self.timeout_s
             )
             for reply in replies:
                 return int(reply.TTL)
         except grpc.RpcError as error:
-            self._ring.failed(channel)
-            raise _unavailable(error) from error
+            translated = _refused(error)
+            if isinstance(translated, CoordinationUnavailable):
+                self._ring.failed(channel)
+            raise translated from error
         return 0
 
     def close(self) -> None:

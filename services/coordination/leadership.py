@@ -152,7 +152,9 @@ class Leadership:
     ) -> None:
         """The keeper thread: renew every third of the TTL until stopped or lost."""
         interval_s = self.ttl_s / 3
-        renewer = BlockingLeaseRenewer(self.session.endpoints, timeout_s=interval_s)
+        renewer = BlockingLeaseRenewer(
+            self.session.endpoints, timeout_s=interval_s, credentials=self.session.credentials
+        )
         uncertain = False
         try:
             while not stopping.wait(interval_s):

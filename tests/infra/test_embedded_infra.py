@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import aetcd
 import asyncpg
 import pytest
 
@@ -68,12 +67,11 @@ async def test_database_fixture_answers_queries(database_url: str) -> None:
 
 
 async def test_etcd_fixture_stores_and_returns_a_key(etcd_endpoint: str) -> None:
-    host, port = etcd_endpoint.rsplit(":", 1)
     key = f"/tests/infra/{uuid.uuid4()}".encode()
-    async with aetcd.Client(host=host, port=int(port), timeout=10) as client:
-        await client.put(key, b"value")
-        stored = await client.get(key)
-        await client.delete(key)
+    async with EtcdSession((etcd_endpoint,), timeout_s=10) as session:
+        await session.put(key, b"value")
+        stored = await session.get(key)
+        await session.delete(key)
     assert stored is not None
     assert stored.value == b"value"
 
