@@ -30,6 +30,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("reconciler", "services.reconciler.command"),
     ("operator", "k8s.operator.command"),
     ("tls", "services.transport.command"),
+    ("etcd-access", "services.coordination.access_command"),
 )
 
 

@@ -8,12 +8,16 @@ This is the whole of the etcd client library the mesh uses: a channel, its stubs
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 import grpc
 
 from protos.etcd.etcdserverpb import rpc_pb2_grpc
+from services.coordination.etcd_endpoints import EndpointError, uses_tls
+from services.transport.certificates import Identity
+from services.transport.tls import mesh_transport
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
@@ -62,6 +66,26 @@ class EtcdCredentials:
 
 
 PLAINTEXT = EtcdCredentials()
+
+
+def credentials_of(authority_pem: bytes, identity: Identity) -> EtcdCredentials:
+    return EtcdCredentials(authority_pem, identity.certificate_pem, identity.key_pem)
+
+
+def etcd_credentials(endpoints: Sequence[str]) -> EtcdCredentials:
+    """What this process shows etcd at `endpoints`: nothing when they are plaintext;
+    for `https://` ones, the mesh's authority (etcd's certificate is checked by it) and
+    this process's own mesh certificate (`OMS_TLS_CA`, `OMS_TLS_CERT`, `OMS_TLS_KEY`,
+    or what a tool adopted from `mesh.json`), whose common name etcd takes as the user."""
+    if not uses_tls(endpoints):
+        return PLAINTEXT
+    transport = mesh_transport()
+    if transport.authority_pem is None or transport.identity is None:
+        raise EndpointError(
+            f"etcd endpoints {','.join(endpoints)} are https:// but this process has no "
+            "certificate to show: set OMS_TLS_CA, OMS_TLS_CERT and OMS_TLS_KEY (OMS_TLS=on)"
+        )
+    return credentials_of(transport.authority_pem, transport.identity)
 
 
 @dataclass(slots=True)

@@ -17,8 +17,10 @@ only and refuses names: "the target uri is not valid"), so:
   comes back with another address is found), and the session moves to the next
   endpoint when one fails (`ChannelRing`).
 
-`https://` is refused for now: the etcd client opens insecure channels only, and an
-endpoint that asks for TLS must not be reached without it.
+The scheme chooses TLS, as with etcdctl: `https://` endpoints are reached over TLS
+(mutual: the caller presents its certificate, `etcd_credentials`), anything else in
+plaintext. A list that mixes the two is refused: an endpoint written `https://` must
+never be reached without TLS because another in the list was not.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class EndpointError(ValueError):
 class EtcdEndpoint:
     host: str  # a name, an IPv4 address, or an IPv6 address without brackets
     port: int
+    tls: bool = False  # written https://
 
     @property
     def family(self) -> str | None:
@@ -61,13 +64,10 @@ def parse_endpoint(text: str) -> EtcdEndpoint:
     """One endpoint as written; `EndpointError` when it cannot be one."""
     written = text.strip()
     rest = written
+    tls = False
     for scheme in _SCHEMES:
         if rest.lower().startswith(scheme):
-            if scheme == "https://":
-                raise EndpointError(
-                    f"etcd endpoint {written!r}: TLS to etcd is not built yet "
-                    "(the etcd client opens insecure channels only); give http:// or host:port"
-                )
+            tls = scheme == "https://"
             rest = rest[len(scheme) :]
             break
     rest = rest.rstrip("/")
@@ -86,15 +86,27 @@ def parse_endpoint(text: str) -> EtcdEndpoint:
         host, _, port_text = rest.partition(":")
         if not host:
             raise EndpointError(f"etcd endpoint {written!r}: no host")
-    return EtcdEndpoint(host, _port(port_text, written))
+    return EtcdEndpoint(host, _port(port_text, written), tls)
 
 
 def parse_endpoints(texts: Sequence[str]) -> tuple[EtcdEndpoint, ...]:
-    """Every endpoint of a list (items may themselves hold commas); at least one."""
+    """Every endpoint of a list (items may themselves hold commas); at least one, all
+    TLS (`https://`) or none."""
     parts = [part for text in texts for part in text.split(",") if part.strip()]
     if not parts:
         raise EndpointError("no etcd endpoint given")
-    return tuple(parse_endpoint(part) for part in parts)
+    endpoints = tuple(parse_endpoint(part) for part in parts)
+    if len({endpoint.tls for endpoint in endpoints}) > 1:
+        raise EndpointError(
+            f"etcd endpoints {','.join(parts)!r} mix https:// with plaintext: "
+            "write every one https:// (TLS) or none"
+        )
+    return endpoints
+
+
+def uses_tls(texts: Sequence[str]) -> bool:
+    """Whether the endpoints are reached over TLS (written `https://`)."""
+    return parse_endpoints(texts)[0].tls
 
 
 def channel_targets(endpoints: Sequence[EtcdEndpoint]) -> tuple[str, ...]:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
@@ -36,9 +37,9 @@ from services.coordination.errors import (
     RevisionCompacted,
 )
 from services.coordination.etcd_channel import (
-    PLAINTEXT,
     EtcdChannel,
     EtcdCredentials,
+    etcd_credentials,
     prefix_end,
 )
 from services.coordination.etcd_endpoints import ChannelRing, channel_targets, parse_endpoints
@@ -54,10 +55,12 @@ __all__ = [
     "prefix_end",
 ]
 
+T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 5.0
 # What etcd answers when the caller may not do what it asked (auth on: a certificate
 # whose name is no user, or a user without the role for the key); retrying will not help.
 _DENIED_CODES = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
+_DENIED_PHRASES = ("user name not found", "authentication failed", "root user does not")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +121,12 @@ def _unavailable(error: BaseException) -> CoordinationUnavailable:
 
 def _refused(error: grpc.aio.AioRpcError | grpc.RpcError) -> CoordinationError:
     """Our error for a failed call: denied (do not retry) or unavailable (retry)."""
-    if isinstance(error, grpc.aio.AioRpcError) and error.code() in _DENIED_CODES:
-        return CoordinationDenied(f"etcd refused the call: {error.details()}")
-    if isinstance(error, grpc.Call) and error.code() in _DENIED_CODES:
-        return CoordinationDenied(f"etcd refused the call: {error.details()}")
+    if isinstance(error, grpc.aio.AioRpcError | grpc.Call):
+        code, details = error.code(), str(error.details() or "")
+        # etcd says "user name not found" (FAILED_PRECONDITION) to a certificate whose
+        # name is no user, on the calls that check the user before any key.
+        if code in _DENIED_CODES or any(phrase in details for phrase in _DENIED_PHRASES):
+            return CoordinationDenied(f"etcd refused the call: {details}")
     return _unavailable(error)
 
 
@@ -131,10 +136,14 @@ class EtcdSession:
         endpoints: Sequence[str],
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        credentials: EtcdCredentials = PLAINTEXT,
+        credentials: EtcdCredentials | None = None,
     ) -> None:
+        """`credentials` default to what the endpoints ask for: this process's mesh
+        certificate for `https://` ones, nothing for plaintext (`etcd_credentials`)."""
         self.endpoints = tuple(endpoints)
         self.timeout_s = timeout_s
+        if credentials is None:
+            credentials = etcd_credentials(self.endpoints)
         self.credentials = credentials
         self._ring: ChannelRing[EtcdChannel] = ChannelRing(
             channel_targets(parse_endpoints(self.endpoints)),
@@ -217,6 +226,13 @@ class EtcdSession:
 
     def _seen(self, header: rpc.ResponseHeader) -> None:
         self.revision = max(self.revision, header.revision)
+
+    async def call(self, operation: Callable[[EtcdChannel], Awaitable[T]]) -> T:
+        """One call of the adapter's own (`etcd_access`) on the channel calls go to now,
+        its errors ours."""
+        channel = await self._ready()
+        with self._translated(channel):
+            return await operation(channel)
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -481,9 +497,11 @@ class BlockingLeaseRenewer:
         endpoints: Sequence[str],
         *,
         timeout_s: float,
-        credentials: EtcdCredentials = PLAINTEXT,
+        credentials: EtcdCredentials | None = None,
     ) -> None:
         self.timeout_s = timeout_s
+        if credentials is None:
+            credentials = etcd_credentials(endpoints)
         self._ring: ChannelRing[grpc.Channel] = ChannelRing(
             channel_targets(parse_endpoints(endpoints)),
             credentials.blocking_channel,

@@ -9,6 +9,7 @@ import json
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -48,6 +49,36 @@ def etcd_executable() -> Path:
 
 
 @dataclass(frozen=True, slots=True)
+class EtcdServerTls:
+    """etcd's client port over mutual TLS: its certificate and key, the authority every
+    client's certificate must come from (`--client-cert-auth`: plaintext and other
+    authorities' certificates are refused), and a client certificate of that authority
+    for this module's own health and status probes."""
+
+    authority_file: Path
+    certificate_file: Path
+    key_file: Path
+    probe_certificate_file: Path
+    probe_key_file: Path
+
+    def arguments(self) -> list[str]:
+        return [
+            "--cert-file",
+            str(self.certificate_file),
+            "--key-file",
+            str(self.key_file),
+            "--trusted-ca-file",
+            str(self.authority_file),
+            "--client-cert-auth",
+        ]
+
+    def probe_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.authority_file))
+        context.load_cert_chain(str(self.probe_certificate_file), str(self.probe_key_file))
+        return context
+
+
+@dataclass(frozen=True, slots=True)
 class MemberStatus:
     """What a member says of itself: its Raft id and the id of the leader it knows."""
 
@@ -83,10 +114,12 @@ class EmbeddedEtcd:
         cluster_token: str | None = None,
         unsafe_no_fsync: bool = False,
         extra_client_urls: Sequence[str] = (),
+        tls: EtcdServerTls | None = None,
         startup_timeout: float = 30.0,
         stop_timeout: float = 10.0,
     ) -> None:
         self.data_dir = data_dir.resolve()
+        self.tls = tls
         picked = iter(free_ports([client_port, peer_port].count(None)))
         self.client_port = client_port if client_port is not None else next(picked)
         self.peer_port = peer_port if peer_port is not None else next(picked)
@@ -115,7 +148,9 @@ class EmbeddedEtcd:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.endpoint}"
+        """What clients are given: an `https://` URL when the client port is TLS (the
+        etcd client takes the scheme as the choice of TLS, as etcdctl does)."""
+        return f"{'https' if self.tls is not None else 'http'}://{self.endpoint}"
 
     @property
     def peer_url(self) -> str:
@@ -160,6 +195,8 @@ class EmbeddedEtcd:
             command += ["--initial-cluster-token", self.cluster_token]
         if self.unsafe_no_fsync:
             command.append("--unsafe-no-fsync")
+        if self.tls is not None:
+            command += self.tls.arguments()
         return command
 
     def start(self, *, detached: bool = False) -> None:
@@ -243,7 +280,7 @@ class EmbeddedEtcd:
             f"{self.client_url}/v3/maintenance/status", data=b"{}", method="POST"
         )
         try:
-            with _NO_PROXY_OPENER.open(request, timeout=1.0) as response:
+            with self._opener().open(request, timeout=1.0) as response:
                 body = json.loads(response.read())
             # The JSON gateway writes 64-bit integers as strings.
             return MemberStatus(int(body["header"]["member_id"]), int(body.get("leader", 0)))
@@ -252,12 +289,20 @@ class EmbeddedEtcd:
 
     def _is_healthy(self) -> bool:
         try:
-            with _NO_PROXY_OPENER.open(f"{self.client_url}/health", timeout=1.0) as response:
+            with self._opener().open(f"{self.client_url}/health", timeout=1.0) as response:
                 body = json.loads(response.read())
         except (OSError, ValueError):
             # Refused, timed out, HTTP 503 while there is no leader yet, or a garbled body.
             return False
         return isinstance(body, dict) and body.get("health") == "true"
+
+    def _opener(self) -> urllib.request.OpenerDirector:
+        if self.tls is None:
+            return _NO_PROXY_OPENER
+        return urllib.request.build_opener(
+            urllib.request.ProxyHandler({}),
+            urllib.request.HTTPSHandler(context=self.tls.probe_context()),
+        )
 
     def _refuse_locked_store(self) -> None:
         # etcd flocks its bolt database; a second etcd on the same folder would block on that

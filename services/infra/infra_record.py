@@ -21,10 +21,14 @@ class EtcdRecord:
     client_port: int
     peer_port: int
     data_dir: Path
+    # Its client port is mutual TLS and its auth on (`oms up` without --plaintext): a
+    # folder keeps that once set, as etcd's store keeps its users and auth.
+    tls: bool = False
 
     @property
     def endpoint(self) -> str:
-        return f"{LOOPBACK}:{self.client_port}"
+        address = f"{LOOPBACK}:{self.client_port}"
+        return f"https://{address}" if self.tls else address
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ def write_record(path: Path, record: InfraRecord) -> None:
             "client_port": etcd.client_port,
             "peer_port": etcd.peer_port,
             "data_dir": str(etcd.data_dir),
+            "tls": etcd.tls,
         }
     if record.postgres is not None:
         postgres = record.postgres
@@ -96,6 +101,7 @@ def _etcd_from(raw: dict[str, Any] | None) -> EtcdRecord | None:
         client_port=int(raw["client_port"]),
         peer_port=int(raw["peer_port"]),
         data_dir=Path(raw["data_dir"]),
+        tls=bool(raw.get("tls", False)),
     )
 
 

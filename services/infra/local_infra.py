@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.infra.embedded_etcd import EmbeddedEtcd
+from services.infra.embedded_etcd import EmbeddedEtcd, EtcdServerTls
 from services.infra.embedded_postgres import EmbeddedPostgres
 from services.infra.errors import InfraError
 from services.infra.infra_record import (
@@ -29,6 +29,7 @@ from services.infra.infra_record import (
 from services.infra.ports import LOOPBACK, port_is_free, port_is_listening
 from services.infra.processes import pid_runs, stop_pid
 from services.infra.settings import InfraSettings
+from services.transport.development import DevelopmentTls
 
 ETCD = "etcd"
 POSTGRES = "postgres"
@@ -69,6 +70,15 @@ class ServerStatus:
     source: str
 
 
+class EtcdTlsAsRecorded(enum.Enum):
+    """`LocalInfra(etcd_tls=AS_RECORDED)`: TLS for etcd as the state folder's record says."""
+
+    AS_RECORDED = "as recorded"
+
+
+AS_RECORDED = EtcdTlsAsRecorded.AS_RECORDED
+
+
 class LocalInfra:
     def __init__(
         self,
@@ -78,23 +88,35 @@ class LocalInfra:
         database_url: str = "",
         fast_unsafe: bool = False,
         startup_timeout: float = 30.0,
+        etcd_tls: EtcdServerTls | EtcdTlsAsRecorded | None = AS_RECORDED,
     ) -> None:
         """`etcd_endpoints` / `database_url`, when given, are used instead of embedded servers.
 
         `fast_unsafe` trades durability for speed (no fsync); meant for throwaway state dirs.
+        `etcd_tls`: the embedded etcd's client port on mutual TLS with these files (`oms
+        up`), None for plaintext (`oms up --plaintext`), or as the state folder's record
+        says (`oms infra up`, the benchmarks: a folder whose etcd was set up with TLS
+        starts it again with the development authority's files under `state_dir/tls`).
         """
         self.state_dir = state_dir.resolve()
+        self.etcd_tls = etcd_tls
         self.external_etcd = etcd_endpoints
         self.external_database_url = database_url
         self.fast_unsafe = fast_unsafe
         self.startup_timeout = startup_timeout
 
     @classmethod
-    def from_settings(cls, settings: InfraSettings) -> LocalInfra:
+    def from_settings(
+        cls,
+        settings: InfraSettings,
+        *,
+        etcd_tls: EtcdServerTls | EtcdTlsAsRecorded | None = AS_RECORDED,
+    ) -> LocalInfra:
         return cls(
             settings.state_dir,
             etcd_endpoints=settings.etcd_endpoints,
             database_url=settings.database_url,
+            etcd_tls=etcd_tls,
         )
 
     @property
@@ -186,10 +208,28 @@ class LocalInfra:
 
     def _ensure_etcd(self, record: InfraRecord, started: list[Callable[[], None]]) -> EtcdRecord:
         previous = record.etcd
+        etcd_tls = self.etcd_tls
+        if isinstance(etcd_tls, EtcdTlsAsRecorded):
+            recorded_tls = previous is not None and previous.tls
+            etcd_tls = (
+                DevelopmentTls.under(self.state_dir).etcd_server_tls() if recorded_tls else None
+            )
+        tls = etcd_tls is not None
         if previous is not None:
             state = _state(previous.pid, previous.data_dir, previous.client_port)
-            if state is ServerState.RUNNING:
+            if state is ServerState.RUNNING and previous.tls == tls:
                 return previous
+            if previous.tls and not tls:
+                raise InfraError(
+                    f"the etcd under {self.state_dir} was set up with TLS and its auth on "
+                    "(users named by certificates): start it with TLS again (no --plaintext) "
+                    "or use another state folder"
+                )
+            if state is ServerState.RUNNING:
+                raise InfraError(
+                    f"the etcd under {self.state_dir} runs without TLS: stop it "
+                    "(`oms infra down`) and start again, or use --plaintext"
+                )
             _refuse_unresponsive(ETCD, state, previous.pid, previous.client_port)
         server = EmbeddedEtcd(
             self.etcd_dir,
@@ -197,6 +237,7 @@ class LocalInfra:
             client_port=_reusable(None if previous is None else previous.client_port),
             peer_port=_reusable(None if previous is None else previous.peer_port),
             unsafe_no_fsync=self.fast_unsafe,
+            tls=etcd_tls,
             startup_timeout=self.startup_timeout,
         )
         server.start(detached=True)
@@ -206,6 +247,7 @@ class LocalInfra:
             client_port=server.client_port,
             peer_port=server.peer_port,
             data_dir=server.data_dir,
+            tls=tls,
         )
 
     def _ensure_postgres(

@@ -12,12 +12,16 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from services.coordination.addresses import FROM_ETCD
-from services.coordination.errors import CoordinationUnavailable
+from services.coordination.errors import CoordinationError
+from services.coordination.etcd_access import grant_mesh_access
+from services.coordination.etcd_channel import credentials_of
+from services.coordination.etcd_endpoints import EndpointError
 from services.coordination.etcd_session import EtcdSession
 from services.infra.command import format_status
 from services.infra.errors import InfraError
@@ -38,7 +42,7 @@ from services.routing.core.routing_changes import first_document
 from services.routing.core.routing_document import RoutingDocumentError
 from services.routing.routing_store import RoutingStore
 from services.settings import load_settings
-from services.transport.development import DevelopmentTls, adopt_mesh_transports
+from services.transport.development import OPERATOR, DevelopmentTls, adopt_mesh_transports
 
 
 def register(subparsers: Any) -> None:
@@ -234,7 +238,11 @@ def _colocated_cluster(
 
 def run_up(arguments: argparse.Namespace) -> int:
     settings = load_settings(InfraSettings, overrides={"state_dir": arguments.state_dir})
-    infra = LocalInfra.from_settings(settings)
+    tls = None if arguments.plaintext else DevelopmentTls.under(settings.state_dir.resolve())
+    # With TLS, the embedded etcd's client port is mutual TLS too, its auth on.
+    infra = LocalInfra.from_settings(
+        settings, etcd_tls=tls.etcd_server_tls() if tls is not None else None
+    )
     already_running = {
         status.name
         for status in infra.status()
@@ -248,6 +256,9 @@ def run_up(arguments: argparse.Namespace) -> int:
     for status in infra.status():
         print(format_status(status), flush=True)
     started_here = {status.name for status in infra.status()} - already_running
+    # This process checks the services' readiness, and writes the first routing
+    # document, over the mesh's own transport (with TLS, as the local tools' identity).
+    adopt_mesh_transports(infra.state_dir, tls=tls is not None)
     try:
         record = prepare_mesh_record(
             infra.state_dir,
@@ -256,20 +267,19 @@ def run_up(arguments: argparse.Namespace) -> int:
             shards=arguments.shards,
             colocated=arguments.colocate,
         )
+        children = mesh_children(endpoints, infra.state_dir, record, tls=tls)
+        if tls is not None and not infra.external_etcd:
+            print(asyncio.run(etcd_access(endpoints, record, children, tls)), flush=True)
         if record.sharded:
             active = arguments.shards if arguments.active is None else arguments.active
             if not 1 <= active <= arguments.shards:
                 raise MeshRecordError(f"--active {active}: from 1 to --shards {arguments.shards}")
             print(asyncio.run(first_routing(endpoints, record, active)), flush=True)
-    except (MeshRecordError, CoordinationUnavailable, RoutingDocumentError) as error:
+    except (MeshRecordError, CoordinationError, EndpointError, RoutingDocumentError) as error:
         print(f"oms up: {error}", file=sys.stderr)
         if started_here:
             infra.down()
         return 1
-    tls = None if arguments.plaintext else DevelopmentTls.under(infra.state_dir)
-    children = mesh_children(endpoints, infra.state_dir, record, tls=tls)
-    # This process checks the services' readiness over the mesh's own transport.
-    adopt_mesh_transports(infra.state_dir, tls=tls is not None)
     # Where each child serves its metrics, for Prometheus, `oms bench` and tests to find;
     # whether the mesh speaks TLS, for the tools reading the record.
     write_mesh_record(
@@ -299,6 +309,22 @@ def run_up(arguments: argparse.Namespace) -> int:
                 print(format_status(status), flush=True)
     print("[mesh] stopped", flush=True)
     return 0
+
+
+async def etcd_access(
+    endpoints: InfraEndpoints,
+    record: MeshRecord,
+    children: Sequence[ChildSpec],
+    tls: DevelopmentTls,
+) -> str:
+    """As etcd's root: each service (by its certificate's name) and the local tools
+    (`operator`) get the mesh's role over its own keys; auth on (`etcd_access`)."""
+    root = credentials_of(tls.authority().certificate_pem, tls.etcd_root_identity())
+    users = [child.name for child in children] + [OPERATOR]
+    async with EtcdSession(endpoints.etcd_endpoints, credentials=root) as session:
+        report = await grant_mesh_access(session, record.mesh_id, users)
+    added = f"{len(report.users_added)} users added" if report.users_added else "users kept"
+    return f"[mesh] etcd: TLS, auth on; role {report.role} over the mesh's keys, {added}"
 
 
 async def first_routing(endpoints: InfraEndpoints, record: MeshRecord, active: int) -> str:

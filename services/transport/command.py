@@ -1,13 +1,15 @@
 """`oms tls`: make an authority and issue certificates, for a deployment without its own PKI.
 
     oms tls authority --out DIR                 DIR/ca.pem, DIR/ca.key
-    oms tls issue --authority DIR --name shard --out DIR [--host H ...] [--days N]
+    oms tls issue --authority DIR --name shard --out DIR [--host H ...] [--client] [--days N]
                                                 DIR/shard.pem, DIR/shard.key
 
 Without `--host` the certificate is a mesh service's (its name and the mesh's,
 `certificates.MESH_SERVER_NAME`), for server and client; with hosts, a server's
-alone for those names (the gateway's public port: no client of the mesh). The
-files go into Kubernetes as Secrets (`k8s/README.md`).
+alone for those names (the gateway's public port: no client of the mesh), unless
+`--client` (etcd's members: servers that are also clients of each other). The name
+is the certificate's common name, which etcd takes as the user. The files go into
+Kubernetes as Secrets (`k8s/README.md`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def register(subparsers: Any) -> None:
     certificate.add_argument("--name", required=True, help="the subject, e.g. shard")
     certificate.add_argument("--out", type=Path, required=True)
     certificate.add_argument("--host", action="append", default=[], dest="hosts")
+    certificate.add_argument(
+        "--client", action="store_true", help="with --host: for client use too (etcd's members)"
+    )
     certificate.add_argument("--days", type=int, default=CERTIFICATE_DAYS)
     certificate.set_defaults(handler=run_issue)
 
@@ -54,7 +59,11 @@ def run_issue(arguments: argparse.Namespace) -> int:
     until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=arguments.days)
     if arguments.hosts:
         made = issue(
-            authority, arguments.name, hosts=arguments.hosts, not_after=until, server_only=True
+            authority,
+            arguments.name,
+            hosts=arguments.hosts,
+            not_after=until,
+            server_only=not arguments.client,
         )
     else:
         made = mesh_identity(authority, arguments.name, not_after=until)

@@ -3,7 +3,11 @@
 One authority (`ca.pem`, `ca.key`, made once per folder) issues a certificate per
 service (`<service>.pem`, `<service>.key`), one for the local tools (`operator`,
 what `oms demo`, `oms bench` and the tests present to the mesh), and the gateway's
-public one (`gateway-public`, for localhost and 127.0.0.1). A certificate is issued
+public one (`gateway-public`, for localhost and 127.0.0.1). The embedded etcd gets
+its own (`etcd-server`, for localhost, 127.0.0.1 and ::1), its health probes one
+(`etcd-probe`, a name etcd knows no user by), and etcd's administrator one
+(`etcd-root`, common name `root`: what sets the mesh's etcd users and role up, see
+`services/coordination/etcd_access.py`). A certificate is issued
 again when it is missing, expires within 30 days or is not the authority's; keys
 are 0600 and the folder 0700. Nothing here is meant for production: there the
 files come from the deployment's PKI (`k8s/README.md`).
@@ -15,6 +19,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.infra.embedded_etcd import EtcdServerTls
 from services.infra.ports import LOOPBACK
 from services.transport.certificates import (
     Identity,
@@ -30,6 +35,11 @@ AUTHORITY = "ca"
 OPERATOR = "operator"
 GATEWAY_PUBLIC = "gateway-public"
 PUBLIC_HOSTS = ("localhost", LOOPBACK)
+ETCD_SERVER = "etcd-server"
+ETCD_HOSTS = ("localhost", LOOPBACK, "::1")
+ETCD_PROBE = "etcd-probe"
+ETCD_ROOT = "etcd-root"
+ETCD_ROOT_USER = "root"  # etcd names a certificate's holder by its common name
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,14 @@ class DevelopmentTls:
         made.write(certificate_path, key_path)
         return made
 
-    def _kept(self, name: str, hosts: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    def _kept(
+        self,
+        name: str,
+        hosts: tuple[str, ...] = (),
+        *,
+        common_name: str | None = None,
+        client_too: bool = False,
+    ) -> tuple[Path, Path]:
         authority = self.authority()
         certificate_path, key_path = self._paths(name)
         if (
@@ -66,11 +83,10 @@ class DevelopmentTls:
             and not needs_renewal(certificate_path.read_bytes(), authority.certificate_pem)
         ):
             return certificate_path, key_path
-        made = (
-            issue(authority, name, hosts=hosts, server_only=True)
-            if hosts
-            else mesh_identity(authority, name)
-        )
+        if hosts or common_name is not None:
+            made = issue(authority, common_name or name, hosts=hosts, server_only=not client_too)
+        else:
+            made = mesh_identity(authority, name)
         made.write(certificate_path, key_path)
         return certificate_path, key_path
 
@@ -88,6 +104,24 @@ class DevelopmentTls:
         """The gateway's public certificate, besides its mesh one."""
         certificate_path, key_path = self._kept(GATEWAY_PUBLIC, PUBLIC_HOSTS)
         return {"OMS_GATEWAY_TLS_CERT": str(certificate_path), "OMS_GATEWAY_TLS_KEY": str(key_path)}
+
+    def etcd_server_tls(self) -> EtcdServerTls:
+        """The embedded etcd's client port over mutual TLS from this authority. etcd's
+        own certificate is for clients too: its JSON gateway calls its gRPC port with it."""
+        certificate_path, key_path = self._kept(ETCD_SERVER, ETCD_HOSTS, client_too=True)
+        probe_certificate, probe_key = self._kept(
+            ETCD_PROBE, common_name=ETCD_PROBE, client_too=True
+        )
+        return EtcdServerTls(
+            self.authority_path, certificate_path, key_path, probe_certificate, probe_key
+        )
+
+    def etcd_root_identity(self) -> Identity:
+        """etcd's administrator (`root`), for setting the mesh's users and role up."""
+        certificate_path, key_path = self._kept(
+            ETCD_ROOT, common_name=ETCD_ROOT_USER, client_too=True
+        )
+        return Identity.read(certificate_path, key_path)
 
     def client_environment(self) -> dict[str, str]:
         """What a client of the gateway (`oms client` from a shell) checks it by."""

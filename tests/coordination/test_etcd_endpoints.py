@@ -58,6 +58,24 @@ def test_an_endpoint_is_read_as_operators_write_it(
 
 
 @pytest.mark.parametrize(
+    ("written", "host", "port"),
+    [
+        ("https://etcd-0.etcd:2379", "etcd-0.etcd", 2379),
+        ("HTTPS://[::1]:4001/", "::1", 4001),
+        ("https://10.0.0.7", "10.0.0.7", 2379),
+    ],
+)
+def test_an_https_endpoint_asks_for_tls(written: str, host: str, port: int) -> None:
+    assert parse_endpoint(written) == EtcdEndpoint(host, port, tls=True)
+
+
+def test_a_list_is_all_tls_or_all_plaintext() -> None:
+    assert all(endpoint.tls for endpoint in parse_endpoints(["https://a:1,https://b:2"]))
+    with pytest.raises(EndpointError, match="mix https"):
+        parse_endpoints(["https://a:1", "b:2"])
+
+
+@pytest.mark.parametrize(
     ("written", "reason"),
     [
         ("", "expected host:port"),
@@ -69,7 +87,7 @@ def test_an_endpoint_is_read_as_operators_write_it(
         ("[etcd]:2379", "not an IPv6"),
         ("http://etcd:2379/v3", "expected host:port"),
         ("http://user@etcd:2379", "expected host:port"),
-        ("https://etcd:2379", "TLS to etcd is not built yet"),
+        ("https://etcd:2379/v3", "expected host:port"),
     ],
 )
 def test_an_endpoint_that_cannot_be_one_is_refused_with_the_reason(

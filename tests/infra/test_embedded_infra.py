@@ -37,6 +37,7 @@ from services.infra.readiness import wait_until_ready
 from services.infra.server_log import ServerLog
 from services.infra.settings import InfraSettings
 from services.settings import load_settings
+from services.transport.development import DevelopmentTls
 
 # Failures must be reported promptly, never after a hang or a full startup deadline.
 PROMPTLY = 5.0
@@ -309,6 +310,27 @@ def test_local_infra_up_is_idempotent_and_down_stops_everything(tmp_path: Path) 
         for pid in (etcd.pid, postgres.pid):
             assert pid is not None
             assert not pid_is_running(pid)
+    finally:
+        infra.down()
+
+
+def test_a_state_folder_keeps_the_tls_its_etcd_was_set_up_with(tmp_path: Path) -> None:
+    """`oms up` sets its etcd up with TLS (and auth, in etcd's store); a later `oms up
+    --plaintext` on the folder is refused with the reason, and a tool that only wants
+    the servers up (`oms infra up`, the benchmarks) starts etcd with TLS again."""
+    state_dir = tmp_path / "state"
+    unused_database = "postgresql://unused@127.0.0.1:1/none"  # etcd alone is started
+    files = DevelopmentTls.under(state_dir).etcd_server_tls()
+    infra = LocalInfra(state_dir, database_url=unused_database, fast_unsafe=True, etcd_tls=files)
+    try:
+        (endpoint,) = infra.up().etcd_endpoints
+        assert endpoint.startswith("https://127.0.0.1:")
+        infra.down()
+        plaintext = LocalInfra(state_dir, database_url=unused_database, etcd_tls=None)
+        with pytest.raises(InfraError, match="set up with TLS"):
+            plaintext.up()
+        as_recorded = LocalInfra(state_dir, database_url=unused_database, fast_unsafe=True)
+        assert as_recorded.up().etcd_endpoints == (endpoint,)
     finally:
         infra.down()
 

@@ -401,3 +401,71 @@ def _containers_of(kustomization: str) -> tuple[str, ...]:
     the shard pod is one process."""
     roles = ("persister", "bridge", "reconciler") if kustomization in PROCESS_PER_SERVICE else ()
     return ("gateway", "matcher", "shard", *roles, "operator")
+
+
+def _etcd_command(kustomization: str) -> list[str]:
+    (etcd,) = [
+        w
+        for w in of_kind(rendered(kustomization), "StatefulSet")
+        if w["metadata"]["name"] == "etcd"
+    ]
+    (container,) = containers(etcd)
+    command: list[str] = container["command"]
+    return command
+
+
+@pytest.mark.parametrize("kustomization", ("base", "overlays/colocated"))
+def test_etcd_is_reached_over_mutual_tls_each_service_as_its_own_user(kustomization: str) -> None:
+    """etcd's clients and peers over TLS with client certificates required; the mesh's
+    endpoints https://; the Job etcd-access gives every certificate name a container of
+    the mesh presents (its Secret oms-tls-<name>) an etcd user, and (base) no other."""
+    objects = rendered(kustomization)
+    command = _etcd_command(kustomization)
+    flags = dict(arg.removeprefix("--").partition("=")[::2] for arg in command[1:])
+    assert flags["listen-client-urls"].startswith("https://")
+    assert flags["advertise-client-urls"].startswith("https://")
+    assert flags["initial-advertise-peer-urls"].startswith("https://")
+    assert all(
+        url.split("=", 1)[1].startswith("https://") for url in flags["initial-cluster"].split(",")
+    )
+    assert "client-cert-auth" in flags and "peer-client-cert-auth" in flags
+    for flag in (
+        "cert-file",
+        "key-file",
+        "trusted-ca-file",
+        "peer-cert-file",
+        "peer-trusted-ca-file",
+    ):
+        assert flags[flag].startswith("/etc/etcd/tls/"), flag
+    (etcd,) = [w for w in of_kind(objects, "StatefulSet") if w["metadata"]["name"] == "etcd"]
+    (container,) = containers(etcd)
+    assert secret_mounted_at(etcd, container, "/etc/etcd/tls")["secretName"] == "oms-etcd-tls"
+    # Kubelet probes show no certificate: health on the plaintext metrics port.
+    assert flags["listen-metrics-urls"] == "http://0.0.0.0:2381"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "metrics"}
+    (mesh,) = [m for m in of_kind(objects, "ConfigMap") if m["metadata"]["name"] == "oms-mesh"]
+    assert all(e.tls for e in parse_endpoints([mesh["data"]["OMS_ETCD_ENDPOINTS"]]))
+    (job,) = of_kind(objects, "Job")
+    (access,) = job["spec"]["template"]["spec"]["containers"]
+    assert access["args"][0] == "etcd-access"
+    users = {arg.removeprefix("--user=") for arg in access["args"][1:]}
+    names = {c["name"] for w in workloads(objects) for c in containers(w) if dials_the_mesh(c)}
+    # The base's Job serves both shapes: the co-located pods present `shard` alone.
+    assert names <= users, (users, names)
+    if kustomization == "base":
+        assert users == names, (users, names)
+    job_spec = job["spec"]["template"]["spec"]
+    assert secret_mounted_at(job, access, TLS_DIR)["secretName"] == "oms-etcd-root-tls"
+    assert job_spec["restartPolicy"] == "OnFailure"
+
+
+def test_development_keeps_etcd_plaintext_without_auth() -> None:
+    """OMS_TLS=off in development: etcd http, no auth Job, plaintext endpoints."""
+    objects = rendered("overlays/development")
+    command = _etcd_command("overlays/development")
+    assert not [arg for arg in command if "https://" in arg or "cert" in arg]
+    assert "--listen-metrics-urls=http://0.0.0.0:2381" in command
+    assert not list(of_kind(objects, "Job"))
+    (mesh,) = [m for m in of_kind(objects, "ConfigMap") if m["metadata"]["name"] == "oms-mesh"]
+    assert not any(e.tls for e in parse_endpoints([mesh["data"]["OMS_ETCD_ENDPOINTS"]]))

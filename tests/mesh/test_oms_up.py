@@ -17,8 +17,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.coordination.errors import CoordinationDenied, CoordinationUnavailable
+from services.coordination.etcd_channel import credentials_of
+from services.coordination.etcd_session import EtcdSession, prefix_end
+from services.coordination.group_keys import mesh_prefix
+from services.infra.infra_record import read_record
 from services.infra.local_infra import LocalInfra, ServerState
 from services.mesh.mesh_record import read_mesh_record
+from services.transport.certificates import mesh_identity
 from services.transport.development import DevelopmentTls
 from tests.bridge.bridge_process import service_status
 from tests.replication.replicated_mesh import (
@@ -93,6 +99,9 @@ def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path
         tls = DevelopmentTls.under(state_dir)
         with tls.operator_transport().blocking_channel(record.shard, ()) as channel:
             assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
+        # etcd too: mutual TLS with its auth on, each service its own user.
+        assert any("[mesh] etcd: TLS, auth on; role oms-" in line for line in seen), seen
+        asyncio.run(_etcd_by_certificate_only(state_dir, record.mesh_id))
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
         _wait_for(lines, "[mesh] stopped", seen, 10)
@@ -103,6 +112,28 @@ def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path
             process.kill()
             process.wait()
         LocalInfra(state_dir).down()
+
+
+async def _etcd_by_certificate_only(state_dir: Path, mesh_id: str) -> None:
+    """The tools' certificate reads the mesh's keys; plaintext never reaches etcd, and
+    no certificate reaches another mesh's keys."""
+    etcd = read_record(state_dir / "infra.json").etcd
+    assert etcd is not None and etcd.endpoint.startswith("https://127.0.0.1:")
+    tls = DevelopmentTls.under(state_dir)
+    authority = tls.authority()
+    as_tools = credentials_of(authority.certificate_pem, mesh_identity(authority, "operator"))
+    async with EtcdSession((etcd.endpoint,), credentials=as_tools) as session:
+        # (One shard without replicas keeps nothing in etcd: a key of the test's own.)
+        await session.put(mesh_prefix(mesh_id) + b"tools-check", b"ok")
+        keys = await session.range(mesh_prefix(mesh_id), prefix_end(mesh_prefix(mesh_id)))
+        assert mesh_prefix(mesh_id) + b"tools-check" in [entry.key for entry in keys]
+        await session.delete(mesh_prefix(mesh_id) + b"tools-check")
+        with pytest.raises(CoordinationDenied):
+            await session.get(mesh_prefix("another") + b"routing")
+    plaintext = f"http://127.0.0.1:{etcd.client_port}"
+    async with EtcdSession((plaintext,), timeout_s=2.0) as session:
+        with pytest.raises(CoordinationUnavailable):
+            await session.get(mesh_prefix(mesh_id) + b"routing")
 
 
 def _health(channel: grpc.Channel) -> int:
@@ -142,20 +173,23 @@ def _demo(state_dir: Path, environment: dict[str, str]) -> str:
 def test_oms_up_with_three_replicas_trades_through_the_leaders_kills(
     tmp_path: Path, database_url: str
 ) -> None:
-    """`oms up --replicas 3` on an etcd and a database of its own: the demo
-    trades; the shard's and a matcher group's leaders are killed; the supervisor
-    restarts them as followers, new leaders are elected, every service finds them in
-    etcd, and the demo trades again."""
+    """`oms up --replicas 3` as a developer runs it, TLS everywhere: its own embedded
+    etcd over mutual TLS with auth on (each service its own etcd user, the mesh's role
+    over its keys alone), a database of its own. The demo trades; the shard's and a
+    matcher group's leaders are killed; the supervisor restarts them as followers, new
+    leaders are elected (leases, logs and watches as etcd users), every service finds
+    them in etcd, and the demo trades again."""
     state_dir = tmp_path / "state"
-    with ReplicatedMesh(state_dir, database_url) as mesh:
+    with ReplicatedMesh(state_dir, database_url, tls=True) as mesh:
+        assert any("[mesh] etcd: TLS, auth on" in line for line in mesh.seen), mesh.seen
         _demo(state_dir, mesh.environment)
         record = mesh.record
         groups = (record.shard_replicas(), record.matcher_replicas("g1"))
-        terms = [leader_of(replicas) for replicas in groups]
+        terms = [leader_of(replicas, mesh.transport) for replicas in groups]
         for address, _ in terms:
             kill_replica(address)
         for replicas, (_, term) in zip(groups, terms, strict=True):
-            wait_new_term(replicas, term)
+            wait_new_term(replicas, term, transport=mesh.transport)
         _demo(state_dir, mesh.environment)
         assert mesh.stop() == 0
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 
 from protos.oms.v1 import status_pb2, status_pb2_grpc
+from services.transport.tls import MeshTransport
 from tests.service_process import CHANNEL_OPTIONS, ServiceProcessError
 from tests.shard_service.shard_process import ShardProcess
 
@@ -43,8 +44,16 @@ class ReplicaStatus:
     checkpoints: str = ""  # "position:hash,..." as the replica reports them
 
 
-def status_of(address: str, timeout_s: float = 2.0) -> ReplicaStatus:
-    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+def status_of(
+    address: str, timeout_s: float = 2.0, transport: MeshTransport | None = None
+) -> ReplicaStatus:
+    """A replica's status, asked in plaintext (as the suite runs) or over `transport`."""
+    channel = (
+        transport.blocking_channel(address, CHANNEL_OPTIONS)
+        if transport is not None
+        else grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    )
+    with channel:
         report = status_pb2_grpc.StatusStub(channel).GetStatus(
             status_pb2.StatusRequest(), timeout=timeout_s
         )

@@ -9,7 +9,9 @@ would keep every replicated mesh's logs and leases to the end of the run.
 
 Everything is found through `state_dir/mesh.json`; a group's leader through the
 replicas' `oms.v1.Status`. Plaintext (`oms up --plaintext`), like the rest of the
-suite. Stopping sends SIGINT like Ctrl-C, and always reaps.
+suite, unless `tls`: then `oms up`'s default, every link TLS and its own embedded etcd
+(mutual TLS, auth on), the status read as the local tools (`transport`). Stopping
+sends SIGINT like Ctrl-C, and always reaps.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import grpc
 
 from services.infra.embedded_etcd import EmbeddedEtcd
 from services.mesh.mesh_record import MeshRecord, read_mesh_record
+from services.transport.development import DevelopmentTls
+from services.transport.tls import MeshTransport
 from tests.databases import drop_database, fresh_database
 from tests.replication.replica_set import ReplicaStatus, status_of
 
@@ -47,8 +51,11 @@ class ReplicatedMesh:
         replicas: int = 3,
         shards: int = 1,
         colocated: bool = False,
+        tls: bool = False,
     ) -> None:
         self.replicas = replicas
+        self.tls = tls
+        self.transport: MeshTransport | None = None  # set once up, with tls
         self.shards = shards
         # `oms up --colocate`: a persister, bridge and reconciler beside each shard replica.
         self.colocated = colocated
@@ -71,15 +78,19 @@ class ReplicatedMesh:
 
     def __enter__(self) -> Self:
         try:
-            self.etcd.start()
-            self.environment["OMS_ETCD_ENDPOINTS"] = self.etcd.endpoint
+            if self.tls:
+                self.environment.pop("OMS_ETCD_ENDPOINTS", None)  # `oms up` embeds its own
+            else:
+                self.etcd.start()
+                self.environment["OMS_ETCD_ENDPOINTS"] = self.etcd.endpoint
             self.database_url = fresh_database(self.server_url)
             self.environment["OMS_DATABASE_URL"] = self.database_url
             command = [sys.executable, "-m", "services.command_line", "up"]
             command += ["--replicas", str(self.replicas), "--shards", str(self.shards)]
             # Replication and sharding are what these tests are about, read through the
             # replicas' status in plaintext; `tests/mesh/test_oms_up.py` runs TLS's default.
-            command += ["--plaintext", *(["--colocate"] if self.colocated else [])]
+            command += [] if self.tls else ["--plaintext"]
+            command += ["--colocate"] if self.colocated else []
             self.process = subprocess.Popen(
                 [*command, "--state-dir", str(self.state_dir)],
                 stdout=subprocess.PIPE,
@@ -90,6 +101,8 @@ class ReplicatedMesh:
             )
             threading.Thread(target=self._pump, daemon=True).start()
             self.wait_printed("[mesh] all services serving", START_TIMEOUT_S)
+            if self.tls:
+                self.transport = DevelopmentTls.under(self.state_dir).operator_transport()
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -137,28 +150,35 @@ class ReplicatedMesh:
         self.etcd.stop()
 
 
-def statuses(addresses: list[str]) -> dict[str, ReplicaStatus]:
+def statuses(
+    addresses: list[str], transport: MeshTransport | None = None
+) -> dict[str, ReplicaStatus]:
     found = {}
     for address in addresses:
         with contextlib.suppress(grpc.RpcError):
-            found[address] = status_of(address)
+            found[address] = status_of(address, transport=transport)
     return found
 
 
-def leader_of(addresses: list[str]) -> tuple[str, int]:
+def leader_of(addresses: list[str], transport: MeshTransport | None = None) -> tuple[str, int]:
     """The leading replica's address and term."""
-    for address, status in statuses(addresses).items():
+    for address, status in statuses(addresses, transport).items():
         if status.leading:
             return address, status.term
     raise AssertionError(f"none of {addresses} leads")
 
 
-def wait_new_term(addresses: list[str], old_term: int, timeout_s: float = 30.0) -> str:
+def wait_new_term(
+    addresses: list[str],
+    old_term: int,
+    timeout_s: float = 30.0,
+    transport: MeshTransport | None = None,
+) -> str:
     """The address of a leader of a newer term than `old_term`, once there is one."""
     deadline = time.monotonic() + timeout_s
     while True:
         with contextlib.suppress(AssertionError):
-            address, term = leader_of(addresses)
+            address, term = leader_of(addresses, transport)
             if term > old_term:
                 return address
         assert time.monotonic() < deadline, f"no term after {old_term} among {addresses}"
