@@ -4,10 +4,12 @@ An order the gateway sampled carries its W3C traceparent in `Order.trace_parent`
 (set by the gateway, carried by the shard's log to `SubmitToME`). The matcher
 starts its span from a call's `traceparent` metadata, and a batched call carries
 many orders, so a sampled submit travels alone, on a short `Execute` call of its
-own, under a "bridge.submit" span (child of the gateway's span). When the
-order's first event comes back from the matcher (accepted or rejected), a
-"bridge.deliver_event" span under "bridge.submit" marks the way back to the
-shard. Unsampled orders cost one field check here and start no span.
+own, under a "bridge.submit" span (child of the gateway's span). Each of the
+order's events that comes back from the matcher (accepted or rejected, then every
+fill, until the one that ends it) gets a "bridge.deliver_event" span under
+"bridge.submit", for its way back to the shard (where the fill's settlement takes the
+trace on: `services/shard/settlement_traces.py`). Unsampled orders cost one field
+check here and start no span.
 
 Ordering. A call of its own can overtake the lane's stream or be overtaken by
 it; for the matcher only one order matters: a cancel must never arrive before
@@ -53,7 +55,7 @@ class OrderTraces:
         self.credential = credential
         # order id -> its traced call, for the connection that sent it
         self.calls: dict[str, asyncio.Task[None]] = {}
-        # order id -> its bridge.submit span, until the order's first event comes back
+        # order id -> its bridge.submit span, until the event that ends the order
         self.awaiting: OrderedDict[str, SpanContext] = OrderedDict()
 
     def connection_started(self) -> None:
@@ -128,14 +130,17 @@ class OrderTraces:
             self.awaiting.popitem(last=False)
 
     def returning(self, events: Sequence[matcher_pb2.MatcherEvent]) -> list[Span]:
-        """Open a bridge.deliver_event span for each awaited order's first event in `events`."""
+        """Open a bridge.deliver_event span for each event of an awaited order in
+        `events`; the event that ends the order ends its wait."""
         if not self.awaiting:
             return []
         spans: list[Span] = []
         for event in events:
-            parent = self.awaiting.pop(event.order_id, None)
+            parent = self.awaiting.get(event.order_id)
             if parent is None:
                 continue
+            if _ends_order(event):
+                del self.awaiting[event.order_id]
             spans.append(
                 _tracer.start_span(
                     "bridge.deliver_event",
@@ -154,3 +159,10 @@ class OrderTraces:
     def delivered(spans: Sequence[Span]) -> None:
         for span in spans:
             span.end()
+
+
+def _ends_order(event: matcher_pb2.MatcherEvent) -> bool:
+    kind = event.WhichOneof("event")
+    return kind in ("rejected", "cancelled", "expired") or (
+        kind == "fill" and event.fill.order_done
+    )

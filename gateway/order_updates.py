@@ -34,9 +34,11 @@ from gateway.errors import GatewayError, slow_consumer, unavailable
 from gateway.routing import Routing
 from gateway.shard_endpoint import ShardEndpoint
 from gateway.statistics import GatewayCounters
-from protos.oms.v1 import shard_pb2
+from protos.oms.v1 import common_pb2, shard_pb2
+from services.observability.tracing import context_of, tracer
 
 log = structlog.get_logger(__name__)
+_tracer = tracer(__name__)
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 READY_TIMEOUT_S = 10.0
 CLUSTER_CHECK_S = 1.0  # besides each new epoch, how often the feeds are checked
@@ -153,7 +155,20 @@ class ShardUpdateFeed:
                     self._delivered_at_position = 1
                 update = item.order_update
                 update.stamp.CopyFrom(item.stamp)
-                deliver(update)
+                if item.trace_parent:
+                    # A sampled order's update: its way to the subscribers, in its trace.
+                    with _tracer.start_as_current_span(
+                        "gateway.order_update",
+                        context=context_of(item.trace_parent),
+                        attributes={
+                            "oms.order_id": update.order_id,
+                            "oms.status": common_pb2.OrderStatus.Name(update.status),
+                            "oms.log_position": position,
+                        },
+                    ):
+                        deliver(update)
+                else:
+                    deliver(update)
 
     def _lost_updates(self, detail: str) -> None:
         self.counters.add("order_update_feed_gaps")

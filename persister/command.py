@@ -12,6 +12,7 @@ from persister.mesh_identity import MeshMismatchError
 from persister.running import serve
 from persister.settings import PersisterSettings
 from services.observability.logs import configure_logging
+from services.observability.tracing import configure_tracing
 from services.settings import load_settings
 
 
@@ -42,6 +43,7 @@ def run(arguments: argparse.Namespace) -> int:
     if problems:
         raise SystemExit("oms persister: " + "; ".join(problems))
     configure_logging(f"persister-{settings.shard_id}", settings.log_level)
+    configure_tracing("oms-persister")
     try:
         uvloop.run(serve(settings))
     except MeshMismatchError as error:

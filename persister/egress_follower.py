@@ -141,6 +141,9 @@ class EgressFollower:
                 lookup = item.dedup_lookup
                 self.dedup.request(lookup.user_id, lookup.client_order_id, position)
             else:
+                if item.trace_parent:  # a sampled order's row: its write joins the trace
+                    row = item.fill if kind == "fill" else item.order_update
+                    buffer.traces.received(position, item.trace_parent, row.order_id, kind or "")
                 buffer.add(item)
         last = max(items[-1].stamp.position, message.through_position)
         self.received_through = last

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,6 +192,7 @@ class WriteBehind:
                     self._committed.notify_all()
             self.buffer.release(0, through)
             return
+        traced_from_ns = time.time_ns() if self.buffer.traces else 0
         try:
             outcome = await self._write_in_one_call(ops, through)
             if outcome is None:
@@ -206,6 +208,8 @@ class WriteBehind:
         self.buffer.release(len(ops), through)
         self._cursor_written_at = asyncio.get_running_loop().time()
         self._committed_through = max(self._committed_through, through)
+        if traced_from_ns:
+            self.buffer.traces.committed(through, traced_from_ns)
         self._count(outcome)
         if outcome.flushes:
             await self.shard.send([_flush_answer(flush) for flush in outcome.flushes])

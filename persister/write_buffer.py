@@ -21,6 +21,7 @@ from persister.flushes import Flush
 from persister.operator_audit import AuditRow
 from persister.order_rows import NewOrder, OrderChange
 from persister.trade_rows import FillRow, LedgerRow
+from persister.write_traces import WriteTraces
 from protos.oms.v1 import shard_pb2
 
 Op = NewOrder | OrderChange | FillRow | LedgerRow | Flush | AuditRow
@@ -44,6 +45,7 @@ class WriteBuffer:
         self.hurry = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        self.traces = WriteTraces()  # sampled orders' rows, for their write's span
 
     def __len__(self) -> int:
         return len(self._ops)

@@ -19,6 +19,7 @@ from typing import Any
 
 from services.runtime.egress_feed import EgressRecord
 from services.shard.core.codec import egress_to_protobufs
+from services.shard.settlement_traces import SettlementTraces
 
 ITEMS_FIELD_TAG = b"\x0a"  # ShardEgressBatch.items: field 1, wire type 2
 THROUGH_POSITION_TAG = b"\x10"  # ShardEgressBatch.through_position: field 2, varint
@@ -72,7 +73,11 @@ def through_position_frame(position: int) -> bytes:
     return THROUGH_POSITION_TAG + _varint(position)
 
 
-def frames_of(record: EgressRecord[Any]) -> list[EgressPiece]:
+def frames_of(
+    record: EgressRecord[Any], traces: SettlementTraces | None = None
+) -> list[EgressPiece]:
+    """`record`'s egress as pieces; with `traces` (tracing on), a sampled order's fills
+    and updates carry its trace (`settlement_traces`)."""
     pieces: list[EgressPiece] = []
     time_ms = record.consensus_time_ms
     for position, item in record.items:
@@ -80,12 +85,17 @@ def frames_of(record: EgressRecord[Any]) -> list[EgressPiece]:
             kind = message.WhichOneof("egress") or ""
             user_id = message.order_update.user_id if kind == "order_update" else 0
             pieces.append(EgressPiece(position, kind, user_id, message))
+    if traces is not None:
+        traces.mark([piece.message for piece in pieces], time_ms)
     return pieces
 
 
 class EgressFrames:
-    def __init__(self, capacity: int = CACHED_RECORDS) -> None:
+    def __init__(
+        self, capacity: int = CACHED_RECORDS, traces: SettlementTraces | None = None
+    ) -> None:
         self.capacity = capacity
+        self.traces = traces
         self._cache: OrderedDict[int, list[EgressPiece]] = OrderedDict()
         self.encoded = 0
         self.reused = 0
@@ -98,7 +108,7 @@ class EgressFrames:
         if frames is not None:
             self.reused += 1
             return frames
-        frames = frames_of(record)
+        frames = frames_of(record, self.traces)
         self.encoded += 1
         self._cache[key] = frames
         if len(self._cache) > self.capacity:

@@ -33,7 +33,7 @@ from protos.oms.v1 import shard_pb2
 from services.clients.shard_link import STREAM_OPENED_KEY, STREAM_OPENED_VALUE
 from services.coordination.group_keys import DEFAULT_MESH_ID
 from services.coordination.writer_tokens import WriterFenced, WriterFences
-from services.observability.tracing import context_of, tracer
+from services.observability.tracing import context_of, tracer, tracing_enabled
 from services.runtime.egress_feed import EgressWindowExceededError
 from services.runtime.hosting import HostPlan, RuntimeHost
 from services.serving.user_batches import user_batch_problem
@@ -46,6 +46,7 @@ from services.shard.core.shard_machine import ShardMachine
 from services.shard.egress_frames import EgressBatchView, EgressFrames, EgressSelection
 from services.shard.result_router import ResultRouter, Stamped
 from services.shard.routing_feed import RoutingFeed
+from services.shard.settlement_traces import SettlementTraces
 from services.shard.tick_mailbox import MarkCadence, TickMailbox
 
 log = structlog.get_logger(__name__)
@@ -79,7 +80,8 @@ class ShardServicer:
         self.router = ResultRouter()
         self.marks = TickMailbox()
         self.mark_cadence = MarkCadence()
-        self.frames = EgressFrames()
+        # Sampled orders' fills traced on their way back (only with an exporter).
+        self.frames = EgressFrames(traces=SettlementTraces() if tracing_enabled() else None)
         self.saturation_alerts = 0
         # With etcd, the leader logs each newer routing document (services/routing).
         self.routing = (
