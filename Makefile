@@ -10,7 +10,7 @@ ETCD_PROTO_SOURCES := protos/etcd/etcdserverpb/rpc.proto protos/etcd/mvccpb/kv.p
 PROTO_SOURCES := $(wildcard protos/oms/v1/*.proto) $(ETCD_PROTO_SOURCES)
 PROTO_STAMP := protos/oms/v1/.generated
 
-.PHONY: all install protos lint typecheck pytest test run bench clean lock
+.PHONY: all install protos lint typecheck pytest test run bench clean lock prometheus
 
 all: test
 
@@ -32,7 +32,20 @@ lock:
 		--python-platform x86_64-unknown-linux-gnu --no-header -o $(LOCK).new
 	{ sed -n '1,3p' $(LOCK); cat $(LOCK).new; } > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK) && rm $(LOCK).new
 
-install: $(STAMP) $(PROTO_STAMP)
+install: $(STAMP) $(PROTO_STAMP) prometheus
+
+# Debian's Prometheus and promtool, for tests/observability/test_alert_rules.py and
+# test_prometheus.py: installed where make runs as root with apt-get; elsewhere (or if
+# apt fails) those tests skip and pytest's summary says why. Never fails the build.
+prometheus:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q --no-install-recommends prometheus >/dev/null \
+		|| { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends \
+			prometheus >/dev/null; } \
+		|| echo "make: apt-get install prometheus failed; its tests will skip"; \
+	else echo "make: no prometheus, and not root with apt-get; its tests will skip"; fi
 
 # Generated code is produced here and never edited; it is ignored by git.
 $(PROTO_STAMP): $(PROTO_SOURCES) $(STAMP)

@@ -36,6 +36,7 @@ from services.mesh.mesh_record import (
     reuse_or_new_address,
     write_mesh_record,
 )
+from services.mesh.prometheus_targets import write_scrape_targets
 from services.mesh.readiness import report_readiness
 from services.mesh.supervisor import ChildSpec, MeshFailedError, Supervisor
 from services.routing.core.routing_changes import first_document
@@ -282,14 +283,14 @@ def run_up(arguments: argparse.Namespace) -> int:
         return 1
     # Where each child serves its metrics, for Prometheus, `oms bench` and tests to find;
     # whether the mesh speaks TLS, for the tools reading the record.
-    write_mesh_record(
-        infra.state_dir,
-        replace(
-            record,
-            metrics={child.name: child.environment["OMS_METRICS_LISTEN"] for child in children},
-            tls=tls is not None,
-        ),
+    record = replace(
+        record,
+        metrics={child.name: child.environment["OMS_METRICS_LISTEN"] for child in children},
+        tls=tls is not None,
     )
+    write_mesh_record(infra.state_dir, record)
+    targets = write_scrape_targets(infra.state_dir, record)
+    print(f"[mesh] Prometheus targets (file_sd_configs): {targets}", flush=True)
     print(f"[mesh] gateway {record.gateway}; try `oms demo` in another terminal", flush=True)
     if tls is not None:
         for who, variables in (

@@ -4,13 +4,9 @@ Ctrl-C stops everything cleanly."""
 from __future__ import annotations
 
 import asyncio
-import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -27,6 +23,7 @@ from services.mesh.mesh_record import read_mesh_record
 from services.transport.certificates import mesh_identity
 from services.transport.development import DevelopmentTls
 from tests.bridge.bridge_process import service_status
+from tests.mesh.up_process import ROOT, output_lines, run_demo, up_environment, wait_for_line
 from tests.replication.replicated_mesh import (
     ReplicatedMesh,
     kill_replica,
@@ -34,44 +31,11 @@ from tests.replication.replicated_mesh import (
     wait_new_term,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _lines(process: subprocess.Popen[str]) -> queue.Queue[str]:
-    lines: queue.Queue[str] = queue.Queue()
-
-    def pump() -> None:
-        if process.stdout is None:
-            return
-        for line in process.stdout:
-            lines.put(line)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return lines
-
-
-def _wait_for(lines: queue.Queue[str], needle: str, seen: list[str], deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        seen.append(line)
-        if needle in line:
-            return
-    raise AssertionError(f"{needle!r} not printed; output so far:\n{''.join(seen)}")
-
 
 @pytest.mark.slow
 def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
-    environment = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("OMS_ETCD_ENDPOINTS", "OMS_DATABASE_URL")
-    }
-    environment["PYTHONPATH"] = str(ROOT)
+    environment = up_environment()
     process = subprocess.Popen(
         [sys.executable, "-m", "services.command_line", "up", "--state-dir", str(state_dir)],
         stdout=subprocess.PIPE,
@@ -82,15 +46,15 @@ def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path
     )
     seen: list[str] = []
     try:
-        lines = _lines(process)
-        _wait_for(lines, "press Ctrl-C", seen, 60)
-        _wait_for(lines, "[mesh] all services serving", seen, 90)
+        lines = output_lines(process)
+        wait_for_line(lines, "press Ctrl-C", seen, 60)
+        wait_for_line(lines, "[mesh] all services serving", seen, 90)
         running = {status.name: status.state for status in LocalInfra(state_dir).status()}
         assert running == {"etcd": ServerState.RUNNING, "postgres": ServerState.RUNNING}
         # TLS by default: the demo reached the gateway by the development authority and
         # every service reached the others by their certificates; a plaintext caller
         # is refused by the gateway and by the shard alike.
-        shown = _demo(state_dir, environment)
+        shown = run_demo(state_dir, environment)
         assert "USDT  total           80,461.00 USDT" in shown, shown
         record = read_mesh_record(state_dir)
         assert record is not None and record.tls
@@ -104,7 +68,7 @@ def test_oms_up_runs_the_mesh_the_demo_trades_and_ctrl_c_stops_it(tmp_path: Path
         asyncio.run(_etcd_by_certificate_only(state_dir, record.mesh_id))
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
-        _wait_for(lines, "[mesh] stopped", seen, 10)
+        wait_for_line(lines, "[mesh] stopped", seen, 10)
         stopped = {status.name: status.state for status in LocalInfra(state_dir).status()}
         assert stopped == {"etcd": ServerState.STOPPED, "postgres": ServerState.STOPPED}
     finally:
@@ -152,23 +116,6 @@ def _plaintext_health(address: str) -> bool:
     return True
 
 
-def _demo(state_dir: Path, environment: dict[str, str]) -> str:
-    """`oms demo` against the mesh of `state_dir`, checked; what it printed."""
-    demo = subprocess.run(
-        [sys.executable, "-m", "services.command_line", "demo", "--state-dir", str(state_dir)],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert demo.returncode == 0, demo.stdout + demo.stderr
-    assert "alice   update ORDER_STATUS_FILLED" in demo.stdout, demo.stdout
-    assert "bob     update ORDER_STATUS_CANCELLED" in demo.stdout, demo.stdout
-    return demo.stdout
-
-
 @pytest.mark.slow
 def test_oms_up_with_three_replicas_trades_through_the_leaders_kills(
     tmp_path: Path, database_url: str
@@ -182,7 +129,7 @@ def test_oms_up_with_three_replicas_trades_through_the_leaders_kills(
     state_dir = tmp_path / "state"
     with ReplicatedMesh(state_dir, database_url, tls=True) as mesh:
         assert any("[mesh] etcd: TLS, auth on" in line for line in mesh.seen), mesh.seen
-        _demo(state_dir, mesh.environment)
+        run_demo(state_dir, mesh.environment)
         record = mesh.record
         groups = (record.shard_replicas(), record.matcher_replicas("g1"))
         terms = [leader_of(replicas, mesh.transport) for replicas in groups]
@@ -190,7 +137,7 @@ def test_oms_up_with_three_replicas_trades_through_the_leaders_kills(
             kill_replica(address)
         for replicas, (_, term) in zip(groups, terms, strict=True):
             wait_new_term(replicas, term, transport=mesh.transport)
-        _demo(state_dir, mesh.environment)
+        run_demo(state_dir, mesh.environment)
         assert mesh.stop() == 0
 
 
@@ -209,7 +156,7 @@ def test_oms_up_with_two_shards_routes_by_the_document_and_the_demo_trades(
         )
         record = mesh.record
         assert [cluster.cluster_id for cluster in record.clusters()] == ["s1", "s2"]
-        _demo(state_dir, mesh.environment)
+        run_demo(state_dir, mesh.environment)
         report = asyncio.run(service_status(record.gateway))
         assert report.counters["routing_epoch"] == 1
         assert dict(report.info)["routing"] == "etcd"
