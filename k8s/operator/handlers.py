@@ -16,13 +16,14 @@ shards and call the handlers with resource bodies.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
+from k8s.operator.kube_config import load_kubernetes_config
 from k8s.operator.mesh_reconciler import MeshReconciler, Publish, Status
 from k8s.operator.mesh_spec import MeshSpec, OmsClusterSpecError
 from k8s.operator.workloads import (
@@ -83,7 +84,7 @@ class OperatorContext:
 async def connect(settings: OperatorSettings) -> OperatorContext:
     if not settings.etcd_endpoints:
         raise kopf.PermanentError("the operator needs OMS_ETCD_ENDPOINTS")
-    config.load_incluster_config()  # type: ignore[no-untyped-call]  # its service account
+    await load_kubernetes_config()
     session = EtcdSession(settings.etcd_endpoints)
     probe = ShardProbe({}, etcd_endpoints=settings.etcd_endpoints, mesh_id=settings.mesh_id)
     workloads: ClusterWorkloads
@@ -111,8 +112,20 @@ def status_publisher(namespace: str, name: str) -> Publish:
     return publish
 
 
+@kopf.on.login(registry=registry)
+async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own watches and patches log in as kubernetes_asyncio does (`kube_config.py`):
+    the pod's service account, else the kubeconfig. An operator's own registry has no
+    login handler of kopf's (only its default registry does): without this one, kopf
+    stops at start with "Ran out of valid credentials"."""
+    return await kopf.login_via_async_client(**kwargs)
+
+
 @kopf.on.startup(registry=registry)
-async def started(memo: kopf.Memo, **_: Any) -> None:
+async def started(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> None:
+    # It watches named namespaces and one CRD: no scanning of the cluster's namespaces
+    # and CRDs, which its Role (base/operator/rbac.yaml, namespaced) may not list.
+    settings.scanning.disabled = True
     if "context" not in memo:  # a test may have put its own there
         memo["context"] = await connect(load_settings(OperatorSettings))
 
@@ -133,9 +146,11 @@ async def reconcile(
     patch: kopf.Patch,
     memo: Any,
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    status: Mapping[str, Any] | None = None,
     **_: Any,
 ) -> None:
     context: OperatorContext = memo["context"]
+    before = dict(status or {})
     patch.status["observedGeneration"] = meta.get("generation", 0)
     try:
         wanted = MeshSpec.of(spec)
@@ -143,8 +158,8 @@ async def reconcile(
         patch.status.update(phase=FAILED, message=str(error))
         raise kopf.PermanentError(str(error)) from error
     try:
-        publish = context.publisher(namespace or "", name)
-        status = await context.reconciler.reconcile(wanted, publish)
+        publish = _unpinning(context.publisher(namespace or "", name), before)
+        done = await context.reconciler.reconcile(wanted, publish)
     except WaveBlockedError as error:
         patch.status.update(phase=BLOCKED, message=str(error))
         raise kopf.TemporaryError(str(error), delay=BLOCKED_DELAY_S) from error
@@ -154,8 +169,25 @@ async def reconcile(
     except RoutingDocumentError as error:
         patch.status.update(phase=FAILED, message=str(error))
         raise kopf.PermanentError(str(error)) from error
-    patch.status.update({**status, "message": ""})
-    logger.info(f"routing epoch {status['epoch']}: {status['shards']} active cluster(s)")
+    patch.status.update(with_unpinned(before, {**done, "message": ""}))
+    logger.info(f"routing epoch {done['epoch']}: {done['shards']} active cluster(s)")
+
+
+def with_unpinned(before: Mapping[str, Any], status: Status) -> Status:
+    """`status` as a merge patch: kopf's and the publisher's patches merge objects key by
+    key (RFC 7386), so a pin gone from `status["pins"]` is sent as null, or it would
+    stay in the resource's status after the whale was unpinned."""
+    if "pins" not in status:
+        return status
+    gone = {user: None for user in before.get("pins") or {} if user not in status["pins"]}
+    return {**status, "pins": {**gone, **status["pins"]}}
+
+
+def _unpinning(publish: Publish, before: Mapping[str, Any]) -> Publish:
+    async def published(status: Status) -> None:
+        await publish(with_unpinned(before, status))
+
+    return published
 
 
 # Registered without decorators so `reconcile` keeps its own signature for its callers.

@@ -21,10 +21,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import structlog
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from k8s.operator.cluster_objects import CLUSTER_LABEL, cloned_cluster_objects
+from k8s.operator.kube_config import load_kubernetes_config
 from services.routing.shard_probe import ShardProbe, ShardUnreachableError
 
 log = structlog.get_logger(__name__)
@@ -82,7 +83,16 @@ class KubernetesWorkloads:
         if cluster_id != TEMPLATE_CLUSTER:
             async with _kubernetes() as api:
                 template = await api.cluster_objects(self.namespace, TEMPLATE_CLUSTER)
+                # A kind the cluster has already (the base's s2, a previous run's clone)
+                # is left as it is: a clone's name may differ from the deployed one's
+                # (kustomize suffixes a ConfigMap's name with its hash), and a second
+                # ConfigMap would be litter nobody references.
+                present = {
+                    item["kind"] for item in await api.cluster_objects(self.namespace, cluster_id)
+                }
                 for item in cloned_cluster_objects(template, TEMPLATE_CLUSTER, cluster_id):
+                    if item["kind"] in present:
+                        continue
                     created = await api.create_if_absent(self.namespace, item)
                     if created:
                         log.info(
@@ -121,7 +131,12 @@ class _KubernetesApi:
             for item in listed.items:
                 plain = self.client.sanitize_for_serialization(item)
                 plain["kind"] = kind
-                found.append(plain)
+                # The selector is the server's filter; checked again here, since what
+                # is listed may be deleted: a server or proxy that ignored it (an API
+                # mock does) must not make the operator delete another cluster.
+                labels = plain.get("metadata", {}).get("labels") or {}
+                if labels.get(CLUSTER_LABEL) == cluster_id:
+                    found.append(plain)
         return found
 
     async def create_if_absent(self, namespace: str, item: Mapping[str, Any]) -> bool:
@@ -155,8 +170,8 @@ class _KubernetesApi:
 
 @contextlib.asynccontextmanager
 async def _kubernetes() -> AsyncIterator[_KubernetesApi]:
-    """The API of the cluster the operator runs in (its service account's token)."""
-    config.load_incluster_config()  # type: ignore[no-untyped-call]
+    """The API of the cluster the operator runs in (`kube_config.py`)."""
+    await load_kubernetes_config()
     api_client = client.ApiClient()
     try:
         yield _KubernetesApi(api_client)
