@@ -125,26 +125,46 @@ class UserAdmin:
         query = persister_pb2.StoredUserPageQuery(
             after_user_id=request.after_user_id, limit=_page_limit(request.limit)
         )
-        page = await self.persister.admin_call(
-            "ListStoredUsers", query, persister_pb2.StoredUserPage
-        )
+        first = await self._stored_users(query)
+        hot = await self._resident_views([stored.state.user_id for stored in first.users])
+        # PostgreSQL again, after the shards: a shard lets a user go only once its flush
+        # is committed, so a user a shard no longer held when asked shows that flush.
+        # (Read only before, a user flushed between the two reads would show its row
+        # from before the flush: cold, and at the old version.)
+        page = await self._stored_users(query)
+        asked = {stored.state.user_id for stored in first.users}
+        late = [stored.state.user_id for stored in page.users if stored.state.user_id not in asked]
+        if late:
+            hot.update(await self._resident_views(late))
         summaries = [_cold(stored.state) for stored in page.users]
-        by_cluster: dict[str, tuple[ShardCluster, list[int]]] = {}
         for summary in summaries:
             cluster = self.router.routing.route(summary.user_id).cluster
-            if cluster is None:
-                continue  # in transit between shards: cold, as far as anyone serves it
-            summary.cluster = cluster.cluster_id
-            by_cluster.setdefault(cluster.cluster_id, (cluster, []))[1].append(summary.user_id)
-        hot: dict[int, shard_pb2.ActorView] = {}
-        for cluster, user_ids in by_cluster.values():
-            batch = await cluster.shard.actor_batch(user_ids)
-            hot.update((view.user_id, view) for view in batch.views if view.resident)
-        for summary in summaries:
+            if cluster is not None:  # else in transit between shards: cold, as served
+                summary.cluster = cluster.cluster_id
             view = hot.get(summary.user_id)
             if view is not None:
                 _overlay(summary, view)
         return G.UserSummaries(users=summaries, more=page.more)
+
+    async def _stored_users(
+        self, query: persister_pb2.StoredUserPageQuery
+    ) -> persister_pb2.StoredUserPage:
+        return await self.persister.admin_call(
+            "ListStoredUsers", query, persister_pb2.StoredUserPage
+        )
+
+    async def _resident_views(self, user_ids: list[int]) -> dict[int, shard_pb2.ActorView]:
+        """The actors the users' shards hold now, by user (one call per cluster)."""
+        by_cluster: dict[str, tuple[ShardCluster, list[int]]] = {}
+        for user_id in user_ids:
+            cluster = self.router.routing.route(user_id).cluster
+            if cluster is not None:
+                by_cluster.setdefault(cluster.cluster_id, (cluster, []))[1].append(user_id)
+        hot: dict[int, shard_pb2.ActorView] = {}
+        for cluster, ids in by_cluster.values():
+            batch = await cluster.shard.actor_batch(ids)
+            hot.update((view.user_id, view) for view in batch.views if view.resident)
+        return hot
 
     async def list_admin_audit(
         self, request: gateway_pb2.ListAdminAuditRequest, context: Context
