@@ -223,10 +223,20 @@ async def test_a_resting_orders_fill_comes_back_in_its_trace(
             )
         }
         names = {span.name for span in found}
-        return names >= FILL_SPAN_NAMES and children == {
-            "persister.write_rows",
-            "gateway.order_update",
+        delivered = {
+            span.attributes.get("oms.event")
+            for span in found
+            if span.name == "bridge.deliver_event"
         }
+        return (
+            names >= FILL_SPAN_NAMES
+            and delivered >= {"accepted", "fill"}
+            and children
+            == {
+                "persister.write_rows",
+                "gateway.order_update",
+            }
+        )
 
     spans = await eventually(probe, complete, timeout_s=WAIT_S)
     named: dict[str, list[ReceivedSpan]] = {}
