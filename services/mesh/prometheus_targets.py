@@ -5,7 +5,7 @@
 file scrapes every process and follows the mesh when a port changes (Prometheus
 rereads the file itself). Each process's group sets:
 
-- `job`: the replicated group it belongs to, the unit the alert rules aggregate by
+- `job`: the replicated group it belongs to, the unit the alert rules aggregate by (with `mesh`)
   (`OmsNoReplicaLeading` sums `oms_leading` by job, `OmsReplicaLagging` compares a
   replica with its job's furthest): `shard-s1-r2` is in job `shard-s1`, `matcher-btc-r3`
   in `matcher-btc`; a process without replicas is a job of its own;
