@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import deque
 
 from services.matcher.core.errors import MatcherInvariantError
-from services.matcher.core.orders import LAST_LIVE, OrderRecord
+from services.matcher.core.order_record import OrderRecord
+from services.matcher.core.orders import LAST_LIVE
 
 
 class DedupIndex:

@@ -74,6 +74,7 @@ from services.matcher.core.event_log import (
 from services.matcher.core.expiry import ExpiryQueue
 from services.matcher.core.money import affordable_lots, market_reach
 from services.matcher.core.order_book import BookSide
+from services.matcher.core.order_record import OrderRecord
 from services.matcher.core.orders import (
     BUY,
     CANCELLED,
@@ -91,7 +92,6 @@ from services.matcher.core.orders import (
     POST_ONLY,
     REJECTED,
     SELL,
-    OrderRecord,
     OrderSpec,
     OrderView,
     new_record,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import heapq
 
-from services.matcher.core.orders import LAST_LIVE, OrderRecord
+from services.matcher.core.order_record import OrderRecord
+from services.matcher.core.orders import LAST_LIVE
 
 _REBUILD_FLOOR = 1024
 

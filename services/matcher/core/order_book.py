@@ -18,7 +18,8 @@ from collections import deque
 from collections.abc import Iterator
 
 from services.matcher.core.errors import MatcherInvariantError
-from services.matcher.core.orders import LAST_LIVE, OrderRecord
+from services.matcher.core.order_record import OrderRecord
+from services.matcher.core.orders import LAST_LIVE
 
 # Compact a level once its dead entries outnumber the live ones by this much.
 _COMPACT_SLACK = 32

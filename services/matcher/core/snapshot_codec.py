@@ -34,13 +34,13 @@ from services.matcher.core.event_log import (
     RetainedEvent,
     ShardStream,
 )
+from services.matcher.core.order_record import OrderRecord
 from services.matcher.core.orders import (
     BUY,
     GTD,
     LAST_LIVE,
     OPEN,
     ORDER_TRANSITIONS,
-    OrderRecord,
     OrderSpec,
     new_record,
 )

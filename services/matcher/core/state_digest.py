@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 
-from services.matcher.core.orders import OrderRecord, OrderSpec
+from services.matcher.core.order_record import OrderRecord
+from services.matcher.core.orders import OrderSpec
 
 MASK = (1 << 64) - 1
 # Weights of the static form (S_*) and of the mutable fields (M_*). The engine's hot

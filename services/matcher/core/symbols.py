@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from services.matcher.core.order_book import BookSide
-from services.matcher.core.orders import OrderRecord
+from services.matcher.core.order_record import OrderRecord
 from services.matcher.core.settings import SymbolSettings
 from services.matcher.core.state_digest import text_digest
 

@@ -36,9 +36,17 @@ from services.shard.core.errors import (
 from services.shard.core.orders import LIVE, OpenOrder
 from services.shard.core.positions import Position
 from services.shard.core.rate_limit import TokenBucket
-from services.shard.core.reservations import Reservation
 from services.shard.core.risk import NO_LIMITS, RiskLimits
 from services.shard.core.vocabulary import PENDING
+
+
+class Reservation:
+    __slots__ = ("amount", "asset")
+
+    def __init__(self, asset: str, amount: int) -> None:
+        self.asset = asset
+        self.amount = amount
+
 
 RESIDENT = 1
 DEHYDRATING = 2

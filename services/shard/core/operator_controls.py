@@ -38,7 +38,8 @@ from services.shard.core.egress import (
     ShardResult,
 )
 from services.shard.core.eviction import EvictionSweep
-from services.shard.core.risk import NO_LIMITS, equity
+from services.shard.core.risk import NO_LIMITS
+from services.shard.core.risk_checks import equity
 from services.shard.core.saga import refused
 from services.shard.core.shard_state import ShardState
 from services.shard.core.vocabulary import RejectReason, UserControlAction

@@ -8,20 +8,8 @@ of the order releases what is left. The per-asset sum is cached on the actor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from services.shard.core.actor import Reservation, UserActor
 from services.shard.core.errors import ReservationError
-
-if TYPE_CHECKING:
-    from services.shard.core.actor import UserActor
-
-
-class Reservation:
-    __slots__ = ("amount", "asset")
-
-    def __init__(self, asset: str, amount: int) -> None:
-        self.asset = asset
-        self.amount = amount
 
 
 def available(actor: UserActor, asset: str) -> int:

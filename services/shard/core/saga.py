@@ -37,7 +37,8 @@ from services.shard.core.mailbox import mailbox_full
 from services.shard.core.orders import OpenOrder, parse_order_id
 from services.shard.core.rate_limit import COST_MILLI_TOKENS
 from services.shard.core.reservations import reserve
-from services.shard.core.risk import NO_LIMITS, admission_reason
+from services.shard.core.risk import NO_LIMITS
+from services.shard.core.risk_checks import admission_reason
 from services.shard.core.settings import FAULT_CORRUPT
 from services.shard.core.shard_state import ShardState
 from services.shard.core.vocabulary import (

@@ -38,7 +38,7 @@ from services.shard.core.egress import (
 )
 from services.shard.core.orders import OpenOrder, advance
 from services.shard.core.reservations import available, consume, release
-from services.shard.core.risk import drawdown_breached, equity
+from services.shard.core.risk_checks import drawdown_breached, equity
 from services.shard.core.settings import SymbolSettings
 from services.shard.core.shard_state import ShardState
 from services.shard.core.vocabulary import (

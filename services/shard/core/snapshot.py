@@ -20,7 +20,14 @@ import pickle
 from typing import Any
 
 from services.routing.core.routing_document import RoutingDocument
-from services.shard.core.actor import DEHYDRATING, HALTED, QUARANTINED, DedupWait, UserActor
+from services.shard.core.actor import (
+    DEHYDRATING,
+    HALTED,
+    QUARANTINED,
+    DedupWait,
+    Reservation,
+    UserActor,
+)
 from services.shard.core.commands import (
     CancelOrder,
     ClientCommand,
@@ -37,7 +44,6 @@ from services.shard.core.errors import SnapshotFormatError
 from services.shard.core.orders import OpenOrder
 from services.shard.core.positions import Position
 from services.shard.core.rate_limit import TokenBucket
-from services.shard.core.reservations import Reservation
 from services.shard.core.risk import NO_LIMITS, RiskLimits
 from services.shard.core.shard_state import ParkedEvent, ParkedItem, PendingHydration, ShardState
 from services.shard.core.statistics import SweepStatistics
