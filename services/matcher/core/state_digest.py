@@ -13,9 +13,10 @@ Constants are below 2^31 so the products stay small integers (cheap in CPython).
 from __future__ import annotations
 
 import hashlib
+from typing import Final
 
 from services.matcher.core.order_record import OrderRecord
-from services.matcher.core.orders import OrderSpec
+from services.matcher.core.orders import CANCELLED, FILLED, OPEN, PARTIALLY_FILLED, OrderSpec
 
 MASK = (1 << 64) - 1
 # Weights of the static form (S_*) and of the mutable fields (M_*). The engine's hot
@@ -41,6 +42,13 @@ M_STATUS, M_REMAINING, M_FILLED, M_NOTIONAL, M_FEES, M_SPENT, M_END = (
     0x2B3C4D5F,
 )
 FINISH = 0x589965CC75374CC3
+
+
+# The status terms of `order_digest` for the statuses the hot paths set (they inline it).
+OPEN_STATUS_DIGEST: Final[int] = OPEN * M_STATUS
+PARTIAL_STATUS_DIGEST: Final[int] = PARTIALLY_FILLED * M_STATUS
+FILLED_STATUS_DIGEST: Final[int] = FILLED * M_STATUS
+CANCELLED_STATUS_DIGEST: Final[int] = CANCELLED * M_STATUS
 
 
 def text_digest(text: str) -> int:
