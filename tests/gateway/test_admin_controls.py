@@ -19,6 +19,19 @@ async def final_update(updates: OrderUpdateStream, order_id: str) -> shard_pb2.O
             return update
 
 
+async def final_updates(
+    updates: OrderUpdateStream, *order_ids: str
+) -> dict[str, shard_pb2.OrderUpdate]:
+    """The first update past PENDING of each order, in whatever order they come (orders
+    of two matcher groups: either group's answer may come first)."""
+    found: dict[str, shard_pb2.OrderUpdate] = {}
+    while len(found) < len(order_ids):
+        update = await updates.next()
+        if update.order_id in order_ids and update.status != S.ORDER_STATUS_PENDING:
+            found.setdefault(update.order_id, update)
+    return found
+
+
 async def sol_buy(client: OmsClient, client_order_id: str) -> str:
     ack = await client.place(
         client_order_id, SOL, S.SIDE_BUY, price_ticks=SOL_PRICE, quantity_lots=100
@@ -59,8 +72,8 @@ async def test_kill_switch_cancels_in_every_group_and_blocks_new_orders(
     ):
         btc = (await client.place_order(buy(client, "btc-resting", 1))).order_id
         sol = await sol_buy(client, "sol-resting")
-        assert (await final_update(updates, btc)).status == S.ORDER_STATUS_OPEN
-        assert (await final_update(updates, sol)).status == S.ORDER_STATUS_OPEN
+        rested = await final_updates(updates, btc, sol)
+        assert {update.status for update in rested.values()} == {S.ORDER_STATUS_OPEN}
         try:
             switched = await admin.kill_switch(account.user_id, enable=True)
             assert switched.accepted, switched
