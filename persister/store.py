@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import asyncpg
 
@@ -128,6 +128,17 @@ class Session:
                 yield
 
 
+# Every statement planned for its own arguments. A session's prepared statements (and
+# the statements inside `oms_write_rows`) otherwise switch to a generic plan after five
+# runs and keep it for the session: the write-behind's UPDATE of `orders` joined to the
+# batch's `unnest` arrays got a sequential scan and hash join while `orders` was young
+# and small, and kept it as the table grew, so each transaction read every order (in
+# `oms bench e2e` at 1,000 orders/s: one scan of all of `orders` per transaction, and
+# PostgreSQL's CPU per order rising with the table). Planning each time costs tens of
+# µs a statement; the scans it prevents grow without bound.
+SESSION_SETTINGS: Final = {"plan_cache_mode": "force_custom_plan"}
+
+
 class FenceCheck(Protocol):
     async def check(self, session: Session) -> None: ...
 
@@ -157,6 +168,7 @@ class Store:
                 max_size=pool_size,
                 command_timeout=COMMAND_TIMEOUT_S,
                 reset=_keep_session_as_it_is,
+                server_settings=SESSION_SETTINGS,
             )
         return cls(pool)
 
