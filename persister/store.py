@@ -128,14 +128,15 @@ class Session:
                 yield
 
 
-# Every statement planned for its own arguments. A session's prepared statements (and
-# the statements inside `oms_write_rows`) otherwise switch to a generic plan after five
-# runs and keep it for the session: the write-behind's UPDATE of `orders` joined to the
-# batch's `unnest` arrays got a sequential scan and hash join while `orders` was young
-# and small, and kept it as the table grew, so each transaction read every order (in
-# `oms bench e2e` at 1,000 orders/s: one scan of all of `orders` per transaction, and
-# PostgreSQL's CPU per order rising with the table). Planning each time costs tens of
-# µs a statement; the scans it prevents grow without bound.
+# Every statement planned for its own arguments. A session's prepared statements
+# otherwise switch to a generic plan after five runs and keep it for the session: the
+# write-behind's UPDATE of `orders` joined to the batch's `unnest` arrays got a
+# sequential scan and hash join while `orders` was young and small, and kept it as the
+# table grew, so each transaction read every order (in `oms bench e2e` at 1,000
+# orders/s: one scan of all of `orders` per transaction, and PostgreSQL's CPU per order
+# rising with the table). Planning each time costs tens of µs a statement; the scans it
+# prevents grow without bound. `oms_write_rows`, the usual write, sets its own: cached
+# plans with sequential scans priced out (migration 0008), cheaper than planning.
 SESSION_SETTINGS: Final = {"plan_cache_mode": "force_custom_plan"}
 
 
