@@ -8,6 +8,7 @@ an `OrderAck`/`CancelAck` with its reason, not an RPC error.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +19,7 @@ import structlog
 from gateway.account_queries import AccountQueries
 from gateway.acks import cancel_ack, cancel_command, order_ack, place_command
 from gateway.authentication import caller
+from gateway.direct_orders import submit_directly
 from gateway.history import HistoryQueries
 from gateway.order_updates import OrderUpdateFanout
 from gateway.routing import ShardRouter
@@ -166,6 +168,7 @@ class OrderService:
             counters=self.counters,
             max_in_flight=self.trade_in_flight,
             deadline_s=self.request_deadline_s,
+            submit=functools.partial(submit_directly, self.router),
         )
         async for batch in session.run(requests):
             yield batch

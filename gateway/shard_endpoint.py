@@ -4,6 +4,8 @@ egress subscription, at the shard's address (its leader's, when replicated)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from gateway.errors import GatewayError, timed_out, unavailable
@@ -47,14 +49,23 @@ class ShardEndpoint:
         """The command's final result; UNAVAILABLE / TIMEOUT errors say: retry, same ids."""
         try:
             return await self.link.execute(command, timeout_s=self.timeout_s)
-        except ShardUnavailableError as error:
+        except (ShardUnavailableError, TimeoutError) as error:
+            raise self.link_failure(error) from error
+
+    def submit(
+        self, command: shard_pb2.ShardCommand
+    ) -> asyncio.Future[shard_pb2.ShardResult] | None:
+        """`execute` as a future, failing with the link's own errors (`link_failure` says
+        what the client is told); None while the link is away: use `execute`."""
+        return self.link.submit(command, timeout_s=self.timeout_s)
+
+    def link_failure(self, error: ShardUnavailableError | TimeoutError) -> GatewayError:
+        """A link's failure as the client sees it, counted."""
+        if isinstance(error, ShardUnavailableError):
             self.counters.add("shard_unavailable")
-            raise unavailable(str(error)) from error
-        except TimeoutError as error:
-            self.counters.add("shard_timeouts")
-            raise timed_out(
-                f"shard {self.address} gave no result in {self.timeout_s:g} s"
-            ) from error
+            return unavailable(str(error))
+        self.counters.add("shard_timeouts")
+        return timed_out(f"shard {self.address} gave no result in {self.timeout_s:g} s")
 
     async def actor(self, user_id: int, *, orders_only: bool = False) -> shard_pb2.ActorView:
         """The user's actor as the shard has it (`orders_only`: without its state)."""

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.authentication import authorize_account, count_error
 from gateway.credentials import KeyHolder
+from gateway.direct_orders import DirectOrder
 from gateway.errors import GatewayError, deadline_passed, invalid_field
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import gateway_pb2
@@ -32,6 +34,9 @@ DEADLINE = "the request's deadline passed"  # the message a late request is canc
 PlaceHandler = Callable[[gateway_pb2.PlaceOrderRequest], Awaitable[gateway_pb2.OrderAck]]
 CancelHandler = Callable[[gateway_pb2.CancelOrderRequest], Awaitable[gateway_pb2.CancelAck]]
 Check = Callable[[gateway_pb2.TradeRequest], None]
+# Puts a checked request straight into its shard's link (deadline in loop time), or
+# None: answer it through `place` / `cancel` (gateway/direct_orders.py).
+Submit = Callable[[gateway_pb2.TradeRequest, float], DirectOrder | None]
 
 
 class TradeSession:
@@ -45,11 +50,13 @@ class TradeSession:
         counters: GatewayCounters,
         max_in_flight: int,
         deadline_s: float,
+        submit: Submit | None = None,
     ) -> None:
         self.holder = holder
         self.check = check
         self.place = place
         self.cancel = cancel
+        self.submit = submit
         self.counters = counters
         self.deadline_s = deadline_s
         self.slots = asyncio.Semaphore(max_in_flight)
@@ -63,7 +70,8 @@ class TradeSession:
         # The requests being answered, oldest first, with their deadlines: one deadline
         # for every request of the stream, so arrival order is deadline order, and one
         # sweep (`_expire`) ends the late ones, instead of a timer per request.
-        self._deadlines: deque[tuple[float, asyncio.Task[None]]] = deque()
+        self._deadlines: deque[tuple[float, asyncio.Task[None] | DirectOrder]] = deque()
+        self._closing = False  # the stream is ending: answers are no longer sent
         self._sweeper: asyncio.Task[None] | None = None
 
     async def run(
@@ -94,11 +102,15 @@ class TradeSession:
             if self.refusal is not None:
                 raise self.refusal
         finally:
+            self._closing = True
             reader.cancel()
             if self._sweeper is not None:
                 self._sweeper.cancel()
             for task in list(self._tasks):
                 task.cancel()
+            for _, handle in self._deadlines:
+                if isinstance(handle, DirectOrder):
+                    handle.cancel("the stream ended")  # not sent, if not sent yet
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader  # reaped only: a failure of it was raised above
 
@@ -138,12 +150,60 @@ class TradeSession:
         except GatewayError as error:
             self._put(self._error(request.request_id, error))
             return
+        deadline = asyncio.get_running_loop().time() + self.deadline_s
+        direct = None if self.submit is None else self.submit(request, deadline)
+        if direct is not None:
+            direct.future.add_done_callback(
+                functools.partial(self._answered_directly, direct, kind, time.perf_counter())
+            )
+            self._deadlines.append((deadline, direct))
+        else:
+            self._deadlines.append((deadline, self._answer_in_task(request, kind)))
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._expire())
+
+    def _answer_in_task(self, request: gateway_pb2.TradeRequest, kind: str) -> asyncio.Task[None]:
         task = asyncio.create_task(self._answer(request, kind))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        self._deadlines.append((asyncio.get_running_loop().time() + self.deadline_s, task))
-        if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.create_task(self._expire())
+        return task
+
+    def _answered_directly(
+        self, direct: DirectOrder, kind: str, started: float, future: asyncio.Future[object]
+    ) -> None:
+        if self._closing:
+            return
+        request_id = direct.request.request_id
+        outcome = "error"
+        if future.cancelled():
+            outcome = "timeout"  # the sweep, at the deadline
+            response = self._error(request_id, deadline_passed(self.deadline_s))
+        else:
+            try:
+                answer = direct.response(self.counters)
+            except GatewayError as error:
+                response = self._error(request_id, error)
+            except Exception as error:
+                self.failure = error  # as in `_answer`: the stream fails, the client retries
+                self.changed.set()
+                return
+            else:
+                if answer is None and asyncio.get_running_loop().time() < direct.deadline:
+                    # Not the owner any more: the routed path follows the routing; the
+                    # sweep still ends it at the same deadline, through `direct`.
+                    direct.fallback = self._answer_in_task(direct.request, kind)
+                    return
+                if answer is None:
+                    outcome = "timeout"
+                    response = self._error(request_id, deadline_passed(self.deadline_s))
+                else:
+                    response = answer
+                    if kind == "place":
+                        outcome = "accepted" if response.place.accepted else "refused"
+        direct.answered = True
+        if kind == "place":
+            ACK_LATENCY.labels("trade", outcome).observe(time.perf_counter() - started)
+        self._put(response)
 
     async def _expire(self) -> None:
         """Cancel each request still unanswered at its deadline (it answers TIMEOUT);
@@ -151,8 +211,8 @@ class TradeSession:
         loop = asyncio.get_running_loop()
         deadlines = self._deadlines
         while deadlines:
-            deadline, task = deadlines[0]
-            if task.done():
+            deadline, handle = deadlines[0]
+            if handle.done():
                 deadlines.popleft()
                 continue
             wait_s = deadline - loop.time()
@@ -160,7 +220,7 @@ class TradeSession:
                 await asyncio.sleep(wait_s)
                 continue
             deadlines.popleft()
-            task.cancel(DEADLINE)
+            handle.cancel(DEADLINE)
 
     async def _answer(self, request: gateway_pb2.TradeRequest, kind: str) -> None:
         response = gateway_pb2.TradeResponse(request_id=request.request_id)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import heapq
 import itertools
 import secrets
@@ -177,27 +178,48 @@ class ShardLink:
         command costs more than the command; callers of one link use one timeout).
         """
         self._ensure_running()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = asyncio.get_running_loop().time()
         if self.state is LinkState.AWAY and not await self._attempt_on_demand(timeout_s):
             self.refused_away += 1
             raise ShardUnavailableError(f"shard {self.address} is unavailable")
+        return await self._enqueue(command, started, timeout_s)
+
+    def submit(
+        self, command: shard_pb2.ShardCommand, *, timeout_s: float | None = None
+    ) -> asyncio.Future[shard_pb2.ShardResult] | None:
+        """`execute` without a coroutine: the future of the command's final result
+        (failing as `execute` fails), for a caller answering from a done-callback
+        rather than a task per command. None while the link is away or closed:
+        `execute` then decides (it may start an attempt and wait for it)."""
+        if self._closed or self.state is LinkState.AWAY:
+            return None
+        self._ensure_running()
+        return self._enqueue(command, asyncio.get_running_loop().time(), timeout_s)
+
+    def _enqueue(
+        self, command: shard_pb2.ShardCommand, started: float, timeout_s: float | None
+    ) -> asyncio.Future[shard_pb2.ShardResult]:
+        future: asyncio.Future[shard_pb2.ShardResult] = asyncio.get_running_loop().create_future()
         if len(self._pending) >= self.max_queued:
             self.refused_busy += 1
-            raise ShardBusyError(f"shard {self.address}: {self.max_queued} commands queued")
+            future.set_exception(
+                ShardBusyError(f"shard {self.address}: {self.max_queued} commands queued")
+            )
+            return future
         correlation_id = self._prefix | next(self._ids)
         command.correlation_id = correlation_id
-        future: asyncio.Future[shard_pb2.ShardResult] = loop.create_future()
         self._waiting[correlation_id] = future
+        # However it ends (result, failure, or its caller cancelling it), it stops waiting.
+        future.add_done_callback(functools.partial(self._forget, correlation_id))
         if timeout_s is not None:
             heapq.heappush(self._deadlines, (started + timeout_s, next(self._arrivals), future))
             if self._expiry_task is None or self._expiry_task.done():
                 self._expiry_task = asyncio.create_task(self._expire(timeout_s))
-        try:
-            self._append(command, future)
-            return await future
-        finally:
-            self._waiting.pop(correlation_id, None)
+        self._append(command, future)
+        return future
+
+    def _forget(self, correlation_id: int, _: object) -> None:
+        self._waiting.pop(correlation_id, None)
 
     async def send(self, commands: Iterable[shard_pb2.ShardCommand]) -> None:
         """Queue mesh commands (no result expected); waits while the queue is full."""
