@@ -613,7 +613,10 @@ async def _stream_phase(
             due_total = 0
             for tick in itertools.count():
                 slot = started + tick * tick_ns
-                if slot >= deadline:
+                # At the maximum the slots run ahead of the clock (a batch per tick, not
+                # waited for): the phase ends at its deadline, not after its ticks' worth
+                # of orders (which once kept it going for five minutes).
+                if slot >= deadline or (not rate and time.perf_counter_ns() >= deadline):
                     break
                 now = time.perf_counter_ns()
                 if slot > now:
