@@ -82,6 +82,9 @@ GAUGES = frozenset(
         "dedup_waiting_users",
         "deferred_reconciles",
         "consensus_time_ms",
+        "egress_retained_records",
+        "egress_retained_items",
+        "egress_oldest_position",
         # a matcher group (services/matcher/core/machine.py)
         "resting_orders",
         "known_order_ids",

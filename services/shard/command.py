@@ -79,7 +79,9 @@ def build_host(settings: ShardServiceSettings) -> RuntimeHost[Any]:
             ),
         ),
     )
-    feed: DurableEgressFeed[Any] = DurableEgressFeed(settings.retained_egress_records)
+    feed: DurableEgressFeed[Any] = DurableEgressFeed(
+        settings.retained_egress_records, retained_items=settings.retained_egress_items
+    )
     try:
         return host_for(
             node,

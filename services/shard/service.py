@@ -461,6 +461,10 @@ class ShardServicer:
         numbers["ticks_received"] = mailbox.received
         numbers["ticks_conflated"] = mailbox.replaced
         numbers["mark_batches_deferred"] = self.mark_cadence.deferrals
+        records, items = self.host.feed.retained
+        numbers["egress_retained_records"] = records
+        numbers["egress_retained_items"] = items
+        numbers["egress_oldest_position"] = self.host.feed.oldest_position
         return numbers
 
 

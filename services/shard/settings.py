@@ -35,6 +35,12 @@ class ShardServiceSettings:
     max_in_flight_sagas: int = setting(env="OMS_SHARD_MAX_IN_FLIGHT", default=100_000)
     max_inflight_batches: int = setting(env="OMS_SHARD_MAX_INFLIGHT_BATCHES", default=64)
     retained_egress_records: int = setting(env="OMS_SHARD_RETAINED_EGRESS", default=100_000)
+    retained_egress_items: int = setting(
+        env="OMS_SHARD_RETAINED_EGRESS_ITEMS",
+        default=1_000_000,
+        help="durable egress kept for subscribers to resume from, in items (about 1.5 KB"
+        " each): the persister can fall this far behind and still resume",
+    )
     log_backend: str = setting(
         env="OMS_SHARD_LOG",
         default="file",
