@@ -23,6 +23,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("shard", "services.shard.command"),
     ("persister", "persister.command"),
     ("demo", "services.mesh.demo"),
+    ("status", "services.mesh.status_command"),
     ("bench", "services.bench.command"),
     ("gateway", "gateway.command"),
     ("client", "gateway.client_command"),

@@ -33,6 +33,7 @@ from services.runtime.ingress import CommandIngress
 from services.runtime.node import RecoveryReport, RuntimeNode
 from services.serving.channelz import register_channelz
 from services.serving.health_probe import serve_health_probe
+from services.serving.status_service import register_status
 from services.serving.stop_signals import on_stop_signal
 from services.transport.tls import mesh_transport
 
@@ -78,6 +79,7 @@ class RuntimeHost(Generic[EgressT]):
         # Addresses at which services of this process reach this host without gRPC
         # (a co-located shard cluster); none by default.
         self.in_process_addresses: tuple[str, ...] = ()
+        self._plan_numbers: Sequence[tuple[str, StatusNumbers]] = ()  # the plan's metrics
 
     @property
     def ingress(self) -> CommandIngress[EgressT]:
@@ -131,9 +133,11 @@ class RuntimeHost(Generic[EgressT]):
         self.feed.start_at(self.node.replica.applied_position)
         self._ingress = CommandIngress(self.node.sequencer)
         plan = plan_for(self)
+        self._plan_numbers = plan.metrics
         serve_metrics([("sequencer", self.sequencer_numbers), *plan.metrics])
         server = grpc.aio.server(options=SERVER_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        register_status(server, "replica", self.status)
         register_channelz(server)
         plan.register(server)
         local = self.serve_in_process(plan)
@@ -166,6 +170,43 @@ class RuntimeHost(Generic[EgressT]):
             self.feed.close()
             await self.node.close()
             log.info("service.stopped")
+
+    def status(self) -> tuple[dict[str, int], dict[str, str]]:
+        """What `oms.v1.Status/GetStatus` answers on every replica, leader or not: where
+        it is in the log, its state's hash there (so replicas can be compared), and its
+        service's own numbers, the metrics' (`shard.resident_users`, ...)."""
+        replica = self.node.replica
+        counters = self.replica_numbers()
+        counters["consensus_time_ms"] = replica.consensus_time_ms
+        for name, numbers in self._plan_numbers:
+            for key, value in numbers().items():
+                counters[f"{name}.{key}"] = value
+        info = {
+            **self.replica_info(),
+            # At applied_position; equal positions on two replicas must mean equal hashes.
+            "state_hash": replica.machine.state_hash().hex(),
+            # Every checkpoint hash this replica computed lately, "position:hash" each:
+            # replicas that share a position must share its hash (followers check the
+            # leader's logged ones themselves; this lets an operator compare any two).
+            "checkpoints": ",".join(
+                f"{position}:{digest.hex()}" for position, digest in replica.recorded_hashes()
+            ),
+        }
+        return counters, info
+
+    def replica_numbers(self) -> dict[str, int]:
+        """The replica's own numbers in `status` (a single replica: the one writer)."""
+        applied = self.node.replica.applied_position
+        return {
+            "leading": 1,
+            "term": 0,
+            "applied_position": applied,
+            "durable_position": (self.node.sequencer.durable_position if self.node.writing else 0)
+            or applied,
+        }
+
+    def replica_info(self) -> dict[str, str]:
+        return {"role": "leader"}
 
     def sequencer_numbers(self) -> dict[str, int]:
         if not self.node.writing:

@@ -152,9 +152,10 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             node.after_snapshot = self._snapshot_published
             self.feed.start_at(node.replica.applied_position)
             plan = plan_for(self)
+            self._plan_numbers = plan.metrics
             serve_metrics(
                 [
-                    ("replica", self._status_numbers),
+                    ("replica", self.replica_numbers),
                     ("sequencer", self.sequencer_numbers),
                     *plan.metrics,
                 ]
@@ -166,7 +167,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             )
             server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=(gate,))
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-            register_status(server, "replica", self._status)
+            register_status(server, "replica", self.status)
             register_channelz(server)
             self.snapshot_server.register(server)
             plan.register(server)
@@ -253,28 +254,15 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             # The next snapshot tries again; a fenced leader learns it on its next append.
             log.warning("replica.truncation_skipped", error=repr(error))
 
-    def _status(self) -> tuple[dict[str, int], dict[str, str]]:
-        """What `oms.v1.Status/GetStatus` answers on every replica, leader or not: where
-        it is in the log and its state's hash there, so replicas can be compared."""
-        replica = self.node.replica
-        counters = self._status_numbers()
-        info = {
+    def replica_info(self) -> dict[str, str]:
+        return {
             "role": "leader" if self.leading else "follower",
             "leader": self.leader_address,
             "prefix": self.replication.keys.prefix.decode(),
-            # At applied_position; equal positions on two replicas must mean equal hashes.
-            "state_hash": replica.machine.state_hash().hex(),
-            # Every checkpoint hash this replica computed lately, "position:hash" each:
-            # replicas that share a position must share its hash (followers check the
-            # leader's logged ones themselves; this lets an operator compare any two).
-            "checkpoints": ",".join(
-                f"{position}:{digest.hex()}" for position, digest in replica.recorded_hashes()
-            ),
         }
-        return counters, info
 
-    def _status_numbers(self) -> dict[str, int]:
-        """The numbers of `_status` (also the replica's metrics, read at each scrape)."""
+    def replica_numbers(self) -> dict[str, int]:
+        """The numbers of `status` (also the replica's metrics, read at each scrape)."""
         replica = self.node.replica
         follower, gate, leadership = self.follower, self.gate, self.leadership
         durable = self.node.sequencer.durable_position if self.node.writing else 0

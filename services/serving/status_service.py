@@ -6,6 +6,7 @@ replicas' `ReplicatedHost`), so tests and operators read the numbers the metrics
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,10 @@ StatusSource = Callable[[], tuple[Mapping[str, int], Mapping[str, str]]]
 
 
 def register_status(server: grpc.aio.Server, name: str, status: StatusSource) -> None:
+    """Serve `status` as `oms.v1.Status`; every report also says how long the service has
+    served (`uptime_s`), which `oms status` shows and a restart resets."""
+    started = time.monotonic()
+
     async def get_status(
         request: status_pb2.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> status_pb2.StatusReport:
@@ -25,6 +30,7 @@ def register_status(server: grpc.aio.Server, name: str, status: StatusSource) ->
         report = status_pb2.StatusReport(service=name)
         for key, value in counters.items():
             report.counters[key] = value
+        report.counters["uptime_s"] = int(time.monotonic() - started)
         for key, text in info.items():
             report.info[key] = text
         return report

@@ -1,0 +1,120 @@
+"""`oms status` against `oms up --replicas 3` as a developer runs it (TLS everywhere):
+every process is a row, one leader per group, equal terms and agreeing hashes; a
+follower stopped shows as not answering, within the deadline, and once killed and
+restarted by the supervisor, is back as a follower; `--etcd` finds the same
+replicated groups through the replica registry and leader keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.mesh.up_process import ROOT
+from tests.replication.replicated_mesh import ReplicatedMesh
+
+STATUS_TIMEOUT_S = 1.0
+CHANGE_TIMEOUT_S = 60.0
+
+Rows = list[dict[str, Any]]
+
+
+def oms_status(environment: dict[str, str], *arguments: str) -> tuple[int, Rows]:
+    done = subprocess.run(
+        [sys.executable, "-m", "services.command_line", "status", "--json", *arguments],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    rows: Rows = json.loads(done.stdout)
+    return done.returncode, rows
+
+
+def row_of(rows: Rows, service: str, address: str) -> dict[str, Any]:
+    return next(r for r in rows if r["service"] == service and r["address"] == address)
+
+
+def wait_for_row(
+    environment: dict[str, str], state_dir: Path, service: str, address: str, wanted: Any
+) -> dict[str, Any]:
+    deadline = time.monotonic() + CHANGE_TIMEOUT_S
+    while True:
+        _, rows = oms_status(
+            environment, "--state-dir", str(state_dir), "--timeout-s", str(STATUS_TIMEOUT_S)
+        )
+        row = row_of(rows, service, address)
+        if wanted(row):
+            return row
+        assert time.monotonic() < deadline, row
+
+
+@pytest.mark.slow
+def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
+    tmp_path: Path, database_url: str
+) -> None:
+    state_dir = tmp_path / "state"
+    with ReplicatedMesh(state_dir, database_url, tls=True) as mesh:
+        environment = mesh.environment
+        record = mesh.record
+        # Until every replica has joined its group and the leaders are elected.
+        deadline = time.monotonic() + CHANGE_TIMEOUT_S
+        while True:
+            code, rows = oms_status(environment, "--state-dir", str(state_dir))
+            if code == 0 and all(
+                sum(r["role"] == "leader" for r in rows if (r["service"], r["group"]) == group) == 1
+                for group in {(r["service"], r["group"]) for r in rows if r["term"] is not None}
+                if group[0] in ("shard", "matcher")
+            ):
+                break
+            assert time.monotonic() < deadline, rows
+        services = sorted({(r["service"], r["group"]) for r in rows})
+        assert services == sorted(
+            [("gateway", ""), ("shard", "s1"), ("persister", "s1"), ("bridge", "s1")]
+            + [("reconciler", "s1")]
+            + [("matcher", group) for group in record.matchers]
+        )
+        shards = [r for r in rows if r["service"] == "shard"]
+        assert len(shards) == 3 and len({r["term"] for r in shards}) == 1, shards
+        assert all(r["health"] == "ok" and r["hash_check"] in ("ok", "") for r in rows), rows
+        assert all(r["uptime_s"] is not None for r in rows), rows
+        leader = next(r for r in shards if r["role"] == "leader")
+        assert leader["resident_users"] is not None and leader["sagas_in_flight"] is not None
+
+        follower = next(r["address"] for r in shards if r["role"] == "follower")
+        subprocess.run(["pkill", "-STOP", "-f", f"listen {follower}"], check=True)
+        try:
+            started = time.monotonic()
+            gone = wait_for_row(
+                environment, state_dir, "shard", follower, lambda r: r["role"] == ""
+            )
+            assert gone["health"].startswith("no answer"), gone
+            assert time.monotonic() - started < 30, "the table waited on the stopped process"
+        finally:
+            subprocess.run(["pkill", "-KILL", "-f", f"listen {follower}"], check=False)
+        back = wait_for_row(
+            environment, state_dir, "shard", follower, lambda r: r["role"] == "follower"
+        )
+        assert back["uptime_s"] < CHANGE_TIMEOUT_S, back
+
+        # As for a deployed mesh: the groups found in etcd (with the folder's tools
+        # identity and its etcd), the same replicas.
+        _, found = oms_status(environment, "--etcd", "--state-dir", str(state_dir))
+        replicas = sorted(r["address"] for r in found if r["service"] == "shard")
+        assert replicas == sorted(record.shard_replicas()), found
+        assert {r["service"] for r in found} == {
+            "shard",
+            "matcher",
+            "persister",
+            "bridge",
+            "reconciler",
+        }, found
+        assert all(r["health"] == "ok" for r in found), found
