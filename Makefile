@@ -10,7 +10,7 @@ ETCD_PROTO_SOURCES := protos/etcd/etcdserverpb/rpc.proto protos/etcd/mvccpb/kv.p
 PROTO_SOURCES := $(wildcard protos/oms/v1/*.proto) $(ETCD_PROTO_SOURCES)
 PROTO_STAMP := protos/oms/v1/.generated
 
-.PHONY: all install protos lint typecheck pytest test run bench clean lock prometheus
+.PHONY: all install protos protocheck lint typecheck pytest test run bench clean lock prometheus
 
 all: test
 
@@ -56,7 +56,19 @@ $(PROTO_STAMP): $(PROTO_SOURCES) $(STAMP)
 
 protos: $(PROTO_STAMP)
 
-lint: install
+# The protos checked like a public API (buf.yaml says which rules and why): buf lint, then
+# buf breaking, the working tree (committed or not) against the last release tag (v*)
+# HEAD descends from, or HEAD~1 while there is none. A clone without that commit
+# (shallow, or no git at all) says so in one line and skips the comparison.
+protocheck: $(STAMP)
+	$(BIN)/buf lint
+	@base=$$(git describe --tags --abbrev=0 --match 'v[0-9]*' HEAD 2>/dev/null || echo HEAD~1); \
+	if [ -e .git ] && commit=$$(git rev-parse --verify --quiet "$$base^{commit}" 2>/dev/null); then \
+		echo "protocheck: buf breaking against $$base ($$commit)"; \
+		$(BIN)/buf breaking --against ".git#ref=$$commit" --against-config buf.yaml; \
+	else echo "protocheck: no $$base in this checkout (shallow clone, or no git history): buf breaking skipped"; fi
+
+lint: install protocheck
 	$(BIN)/ruff check . protos/etcd/strip_options.py
 	$(BIN)/ruff format --check . protos/etcd/strip_options.py
 	$(BIN)/python protos/etcd/strip_options.py --check
