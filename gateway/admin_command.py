@@ -12,8 +12,9 @@
 Every control takes `--note TEXT` (at most 256 characters), kept in the audit with the
 admin key id and the command's log position. `limits` changes only the limits given:
 the others stay what the user has now (0 means no limit). The admin key is
-`--admin-key/--admin-secret` or OMS_ADMIN_API_KEY/OMS_ADMIN_API_SECRET. Exit status:
-0 done, 1 refused, 2 bad usage.
+`--admin-key/--admin-secret` or OMS_ADMIN_API_KEY/OMS_ADMIN_API_SECRET, else a local
+mesh's (its state folder, when no gateway is named). Exit status: 0 done, 1 refused,
+2 bad usage.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ The key signs every call: `--api-key/--api-secret/--user-id` or OMS_API_KEY,
 OMS_API_SECRET, OMS_USER_ID; the gateway is `--gateway` or OMS_GATEWAY_ADDRESS.
 Its certificate is checked by OMS_CLIENT_TLS_CA (`oms up` prints the line to export)
 or the system's roots, and the host name dialled; OMS_TLS=off for a plaintext one.
+With neither, a local mesh's state folder (`--state-dir`, OMS_STATE_DIR, `state/`)
+gives the gateway, its authority and, for `admin` and `keys`, the admin key
+(`gateway/local_mesh_client.py`).
 Amounts are shown as the integers the system keeps (prices in ticks, quantities
 in lots, balances in the asset's minor units). Exit status: 0 done, 1 refused
 (by the gateway, or an order/cancel the shard did not accept), 2 bad usage.
@@ -25,6 +28,7 @@ from typing import Any
 from gateway.admin_command import register_admin
 from gateway.client import GatewayCallError, OmsClient
 from gateway.key_command import read_private_key, register_keys
+from gateway.local_mesh_client import adopt_local_mesh
 from gateway.settings import ClientSettings
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from services.settings import SettingsError, load_settings
@@ -49,7 +53,17 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "client", help="place, cancel and list orders through the gateway"
     )
-    parser.add_argument("--gateway", default=None, help="host:port (env OMS_GATEWAY_ADDRESS)")
+    parser.add_argument(
+        "--gateway",
+        default=None,
+        help="host:port (env OMS_GATEWAY_ADDRESS; else the local mesh's, from --state-dir)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="a local mesh's folder (default: OMS_STATE_DIR, else state/)",
+    )
     parser.add_argument("--user-id", type=int, default=None, dest="user_id", help="env OMS_USER_ID")
     parser.add_argument("--api-key", default=None, dest="api_key", help="env OMS_API_KEY")
     parser.add_argument("--api-secret", default=None, dest="api_secret", help="env OMS_API_SECRET")
@@ -129,6 +143,7 @@ def _history_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _client(arguments: argparse.Namespace) -> OmsClient:
+    adopt_local_mesh(arguments)  # no gateway named: the local mesh's, if there is one
     settings = load_settings(
         ClientSettings,
         overrides={

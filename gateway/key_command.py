@@ -7,7 +7,8 @@
     oms client keys rotate ak_... [--ed25519-public-key-file F]
     oms client keys new-ed25519 --out F     a private key (PEM, 0600); its public key
 
-The admin key is `--admin-key/--admin-secret` or OMS_ADMIN_API_KEY/OMS_ADMIN_API_SECRET.
+The admin key is `--admin-key/--admin-secret` or OMS_ADMIN_API_KEY/OMS_ADMIN_API_SECRET,
+else a local mesh's (its state folder, when no gateway is named).
 An HMAC key's secret is printed once, at creation or rotation. With an Ed25519 key,
 `oms client --api-key ak_... --private-key-file F ...` signs with the private key.
 """
@@ -27,6 +28,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from gateway.client import AdminClient, GatewayCallError
+from gateway.local_mesh_client import admin_key_of
 from gateway.settings import ClientSettings
 from protos.oms.v1 import common_pb2, gateway_pb2
 from services.settings import SettingsError, load_settings
@@ -88,12 +90,12 @@ def _raw_public_key(path: Path | None) -> bytes:
 
 
 def admin_client(arguments: argparse.Namespace) -> AdminClient:
+    key, secret = admin_key_of(arguments)  # the local mesh's gateway too, if none named
     settings = load_settings(ClientSettings, overrides={"gateway_address": arguments.gateway})
-    key = arguments.admin_key or os.environ.get("OMS_ADMIN_API_KEY", "")
-    secret = arguments.admin_secret or os.environ.get("OMS_ADMIN_API_SECRET", "")
     if not (key and secret):
         raise SettingsError(
             "the admin key: --admin-key/--admin-secret or OMS_ADMIN_API_KEY/_SECRET"
+            " (or a local mesh's state folder)"
         )
     return AdminClient(settings.gateway_address, api_key=key, api_secret=secret)
 

@@ -27,15 +27,11 @@ from typing import Any
 
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import DEFAULT_MESH_ID
-from services.infra.infra_record import read_record
-from services.infra.settings import DEFAULT_STATE_DIR
-from services.mesh.mesh_record import read_mesh_record
+from services.mesh.local_mesh import LocalMesh, state_dir_of
 from services.mesh.status_probe import DEFAULT_TIMEOUT_S, probe_all
 from services.mesh.status_rows import ProcessTarget, StatusRow, render_table, rows_of
 from services.mesh.status_targets import targets_in_etcd, targets_of_record
-from services.transport.development import adopt_mesh_transports
 
-INFRA_RECORD = "infra.json"
 WATCH_INTERVAL_S = 1.0
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
@@ -70,22 +66,25 @@ def run(arguments: argparse.Namespace) -> int:
 
 
 async def _run(arguments: argparse.Namespace) -> int:
-    state_dir = arguments.state_dir or Path(os.environ.get("OMS_STATE_DIR", DEFAULT_STATE_DIR))
-    record = read_mesh_record(state_dir)
-    if record is not None:
-        adopt_mesh_transports(state_dir, tls=record.tls)  # and the tools' etcd identity
+    state_dir = state_dir_of(arguments.state_dir)
+    local = LocalMesh.find(state_dir)
+    if local is not None:
+        local.adopt()  # its TLS, and the tools' etcd identity
     if arguments.etcd is None:
-        if record is None:
+        if local is None:
             print(
                 f"oms status: no mesh under {state_dir} (start one with `make run`); "
                 "for a deployed mesh, --etcd",
                 file=sys.stderr,
             )
             return 2
-        targets = targets_of_record(record)
-        title = f"mesh {record.mesh_id or '(unnamed)'} under {state_dir}"
+        targets = targets_of_record(local.record)
+        title = f"mesh {local.record.mesh_id or '(unnamed)'} under {state_dir}"
         return await _show(arguments, title, lambda: _fixed(targets))
-    endpoints = _etcd_endpoints(arguments.etcd, state_dir)
+    text = arguments.etcd or os.environ.get("OMS_ETCD_ENDPOINTS", "")
+    endpoints = [e.strip() for e in text.split(",") if e.strip()] or list(
+        local.etcd_endpoints if local is not None else ()
+    )
     if not endpoints:
         print(
             "oms status: --etcd without endpoints: give them, set OMS_ETCD_ENDPOINTS, or "
@@ -96,7 +95,7 @@ async def _run(arguments: argparse.Namespace) -> int:
     mesh_id = (
         arguments.mesh_id
         or os.environ.get("OMS_MESH_ID")
-        or (record.mesh_id if record is not None else "")
+        or (local.record.mesh_id if local is not None else "")
         or DEFAULT_MESH_ID
     )
     async with EtcdSession(endpoints) as session:
@@ -105,15 +104,6 @@ async def _run(arguments: argparse.Namespace) -> int:
             return await targets_in_etcd(session, mesh_id, arguments.gateway)
 
         return await _show(arguments, f"mesh {mesh_id} in etcd {','.join(endpoints)}", found)
-
-
-def _etcd_endpoints(given: str, state_dir: Path) -> list[str]:
-    """`--etcd`'s endpoints, else OMS_ETCD_ENDPOINTS', else the local mesh's etcd."""
-    text = given or os.environ.get("OMS_ETCD_ENDPOINTS", "")
-    if not text:
-        etcd = read_record(state_dir / INFRA_RECORD).etcd
-        text = etcd.endpoint if etcd is not None else ""
-    return [endpoint.strip() for endpoint in text.split(",") if endpoint.strip()]
 
 
 async def _fixed(targets: list[ProcessTarget]) -> list[ProcessTarget]:

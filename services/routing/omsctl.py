@@ -17,9 +17,14 @@ progress; each first settles whatever a previous, interrupted run left in transi
     omsctl tier USER_ID whale --cluster CLUSTER | normal    the same, as a tier change
     omsctl resume                    settle transits and finish a cut-over under way
 
-etcd and the mesh come from OMS_ETCD_ENDPOINTS and OMS_MESH_ID (or --etcd, --mesh);
-the shards from OMS_SHARDS (`s1=host:port,...`, or --shards), else their leaders' keys
-in etcd. Every change is a compare-and-swap of the next epoch: when another writer got
+etcd and the mesh come from OMS_ETCD_ENDPOINTS and OMS_MESH_ID (or --etcd, --mesh),
+else from the local mesh's state folder (`--state-dir`, OMS_STATE_DIR or `state/`,
+whose TLS identity it then uses too); the shards from OMS_SHARDS (`s1=host:port,...`,
+or --shards), else the folder's (one replica each), else their leaders' keys in etcd.
+A question to a shard waits through an election (at most 20 s, saying "waiting for
+a leader of s2" on stderr).
+
+Every change is a compare-and-swap of the next epoch: when another writer got
 there first, the change is decided again on what it wrote (a few times, then it gives
 up). What cannot be done is refused with why, and exit status 1.
 """
@@ -28,13 +33,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.coordination.errors import CoordinationUnavailable
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import DEFAULT_MESH_ID
+from services.mesh.local_mesh import LocalMesh, state_dir_of
 from services.routing.core.routing_changes import (
     first_document,
     with_cluster_draining,
@@ -42,7 +50,7 @@ from services.routing.core.routing_changes import (
 )
 from services.routing.core.routing_document import RoutingDocument, RoutingDocumentError
 from services.routing.routing_store import RoutingConflictError, RoutingStore, StoredRouting
-from services.routing.shard_probe import ShardProbe, ShardUnreachableError
+from services.routing.shard_probe import LEADER_WAIT_S, ShardProbe, ShardUnreachableError
 from services.routing.wave_controller import (
     WaveBlockedError,
     WaveController,
@@ -97,7 +105,7 @@ def _current(stored: StoredRouting | None) -> RoutingDocument:
 
 async def run(arguments: argparse.Namespace, settings: OmsctlSettings) -> str:
     if not settings.etcd_endpoints:
-        raise OmsctlError("no etcd: set OMS_ETCD_ENDPOINTS or --etcd")
+        raise OmsctlError("no etcd: set OMS_ETCD_ENDPOINTS or --etcd, or run `oms up` here")
     async with EtcdSession(settings.etcd_endpoints) as session:
         store = RoutingStore(session, settings.mesh_id)
         if arguments.action == "show":
@@ -129,6 +137,8 @@ async def run(arguments: argparse.Namespace, settings: OmsctlSettings) -> str:
             shard_addresses(settings.shards),
             etcd_endpoints=settings.etcd_endpoints,
             mesh_id=settings.mesh_id,
+            leader_wait_s=LEADER_WAIT_S,
+            on_wait=lambda line: print(f"omsctl: {line}", file=sys.stderr, flush=True),
         )
         try:
             if arguments.action == "residents":
@@ -215,6 +225,12 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--etcd", default=None, help="host:port,... (env OMS_ETCD_ENDPOINTS)")
     top.add_argument("--mesh", default=None, help="the mesh id (env OMS_MESH_ID)")
     top.add_argument("--shards", default=None, help="s1=host:port,... (env OMS_SHARDS)")
+    top.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="a local mesh's folder: etcd, mesh id and TLS when not given otherwise",
+    )
     actions = top.add_subparsers(dest="action", required=True)
     actions.add_parser("show", help="the routing document")
     owner = actions.add_parser("owner", help="the cluster that owns a user now")
@@ -256,13 +272,22 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
+    etcd_endpoints = tuple(arguments.etcd.split(",")) if arguments.etcd else None
+    mesh_id = arguments.mesh
+    shards = arguments.shards
+    if not etcd_endpoints and not os.environ.get("OMS_ETCD_ENDPOINTS"):
+        local = LocalMesh.find(state_dir_of(arguments.state_dir))
+        if local is not None:
+            local.adopt()
+            etcd_endpoints = local.etcd_endpoints or None
+            if not mesh_id and not os.environ.get("OMS_MESH_ID"):
+                mesh_id = local.record.mesh_id or None
+            if not shards and not os.environ.get("OMS_SHARDS") and not local.record.replicated:
+                # One replica per shard: no leader key in etcd to find it by.
+                shards = ",".join(f"{c.cluster_id}={c.shard}" for c in local.record.clusters())
     settings = load_settings(
         OmsctlSettings,
-        overrides={
-            "etcd_endpoints": tuple(arguments.etcd.split(",")) if arguments.etcd else None,
-            "mesh_id": arguments.mesh,
-            "shards": getattr(arguments, "shards", None),
-        },
+        overrides={"etcd_endpoints": etcd_endpoints, "mesh_id": mesh_id, "shards": shards},
     )
     try:
         print(asyncio.run(run(arguments, settings)))

@@ -1,12 +1,16 @@
-"""`oms status` against `oms up --replicas 3` as a developer runs it (TLS everywhere):
-every process is a row, one leader per group, equal terms and agreeing hashes; a
-follower stopped shows as not answering, within the deadline, and once killed and
-restarted by the supervisor, is back as a follower; `--etcd` finds the same
-replicated groups through the replica registry and leader keys."""
+"""`oms status` and `omsctl` against `oms up --replicas 3` as a developer runs it (TLS
+everywhere), with no flag but the state folder: every process is a row, one leader
+per group, equal terms and agreeing hashes; a follower stopped shows as not
+answering, within the deadline, and once killed and restarted by the supervisor, is
+back as a follower; `--etcd` finds the same replicated groups through the replica
+registry and leader keys; `oms client admin` finds the gateway and the admin key;
+`omsctl residents` with every shard replica stopped says it waits for a leader, and
+answers once they run again and one is elected."""
 
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 import time
@@ -118,3 +122,48 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
             "reconciler",
         }, found
         assert all(r["health"] == "ok" for r in found), found
+
+        # `oms client admin` with the folder alone: its gateway, authority and admin key.
+        client = [sys.executable, "-m", "services.command_line", "client"]
+        users = subprocess.run(
+            [*client, "--state-dir", str(state_dir), "admin", "users"],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=environment,
+            cwd=ROOT,
+            timeout=CHANGE_TIMEOUT_S,
+        )
+        assert users.returncode == 0, users.stdout + users.stderr
+
+        omsctl = [sys.executable, "-m", "services.routing.omsctl", "--state-dir", str(state_dir)]
+        shown = subprocess.run(
+            [*omsctl, "residents"],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=environment,
+            cwd=ROOT,
+            timeout=CHANGE_TIMEOUT_S,
+        )
+        assert shown.returncode == 0 and "s1" in shown.stdout, shown.stdout + shown.stderr
+        for address in record.shard_replicas():
+            subprocess.run(["pkill", "-STOP", "-f", f"listen {address}"], check=True)
+        waiting = subprocess.Popen(
+            [*omsctl, "residents"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+            cwd=ROOT,
+        )
+        try:
+            assert waiting.stderr is not None
+            readable, _, _ = select.select([waiting.stderr], [], [], CHANGE_TIMEOUT_S)
+            said = waiting.stderr.readline() if readable else ""
+        finally:
+            for address in record.shard_replicas():
+                subprocess.run(["pkill", "-CONT", "-f", f"listen {address}"], check=False)
+        output, errors = waiting.communicate(timeout=CHANGE_TIMEOUT_S)
+        assert "waiting for a leader of s1" in said, said + errors
+        assert waiting.returncode == 0 and "s1" in output, output + errors
