@@ -162,7 +162,8 @@ def _row(
         replica=target.replica,
         address=target.address,
         role=_role(report),
-        term=counters.get("term") if replicated or "term" in counters else None,
+        # A follower's own `term` is 0 (it won none): the group's is its leader's.
+        term=counters.get("leader_term", counters.get("term")),
         applied_position=applied,
         durable_position=counters.get("durable_position") if replicated else None,
         lag_entries=lag_entries,

@@ -58,6 +58,7 @@ GAUGES = frozenset(
         # `term` also of the leader-only roles (services/serving/leader_only.py)
         "leading",
         "term",
+        "leader_term",
         "lease_uncertain",
         "applied_position",
         "durable_position",

@@ -150,9 +150,14 @@ async def run(arguments: argparse.Namespace, settings: OmsctlSettings) -> str:
 
 
 async def residents(store: RoutingStore, probe: ShardProbe, clusters: Sequence[str]) -> str:
-    document = _current(await store.read())
-    lines = [f"epoch {document.epoch}"]
-    for cluster_id in clusters or [cluster.cluster_id for cluster in document.clusters]:
+    """Each cluster's residents: those named, else the document's (a mesh of one
+    shard cluster has no document: name it, `omsctl residents s1`)."""
+    stored = await store.read()
+    if stored is None and not clusters:
+        raise OmsctlError("no routing document yet: name the clusters (omsctl residents s1)")
+    lines = [f"epoch {stored.epoch}" if stored is not None else "no routing document"]
+    named = clusters or [cluster.cluster_id for cluster in _current(stored).clusters]
+    for cluster_id in named:
         users = await probe.residents(cluster_id)
         epoch, leaving = await probe.routing_state(cluster_id)
         shown = ", ".join(map(str, users[:RESIDENTS_SHOWN]))

@@ -167,4 +167,3 @@ class DurableEgressFeed(Generic[EgressT]):
             else:
                 high = middle
         return [records[index] for index in range(low, len(records))]
-

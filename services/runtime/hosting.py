@@ -200,6 +200,7 @@ class RuntimeHost(Generic[EgressT]):
         return {
             "leading": 1,
             "term": 0,
+            "leader_term": 0,
             "applied_position": applied,
             "durable_position": (self.node.sequencer.durable_position if self.node.writing else 0)
             or applied,

@@ -88,7 +88,8 @@ class ReplicatedHost(RuntimeHost[EgressT]):
         self.replication = replication
         self._leading = False
         self._leading_now = asyncio.Event()
-        self.term = 0
+        self.term = 0  # its own, once it leads
+        self._leader_term = 0  # the leader's it follows, as its watch last saw it
         self._leader_address = ""
         self.session: EtcdSession | None = None
         self.follower: LogFollower[EgressT] | None = None
@@ -271,6 +272,9 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             "lease_uncertain": int(self.leading and not self.serving_as_leader),
             "lease_uncertain_spells": leadership.uncertain_spells if leadership else 0,
             "term": self.term,
+            # The group's term as this replica knows it: its own while it leads, else
+            # the leader's it follows (`oms status` compares them across replicas).
+            "leader_term": self.term if self.leading else self._leader_term,
             "applied_position": replica.applied_position,
             "durable_position": durable or replica.applied_position,
             "checkpoints_verified": replica.checkpoints_verified,
@@ -362,6 +366,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             with contextlib.suppress(Exception):
                 record = await current_leader(session, key)
                 self._leader_address = record.holder if record is not None else ""
+                self._leader_term = record.term if record is not None else 0
             await asyncio.sleep(0.5)
 
 

@@ -43,6 +43,19 @@ def oms_status(environment: dict[str, str], *arguments: str) -> tuple[int, Rows]
     return done.returncode, rows
 
 
+def settled(rows: Rows) -> bool:
+    """One leader per replicated group, and its term on every replica of the group."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["service"] in ("shard", "matcher"):
+            groups.setdefault((row["service"], row["group"]), []).append(row)
+    return all(
+        sum(r["role"] == "leader" for r in replicas) == 1
+        and len({r["term"] for r in replicas}) == 1
+        for replicas in groups.values()
+    )
+
+
 def row_of(rows: Rows, service: str, address: str) -> dict[str, Any]:
     return next(r for r in rows if r["service"] == service and r["address"] == address)
 
@@ -69,15 +82,12 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
     with ReplicatedMesh(state_dir, database_url, tls=True) as mesh:
         environment = mesh.environment
         record = mesh.record
-        # Until every replica has joined its group and the leaders are elected.
+        # Until every replica has joined its group, the leaders are elected and every
+        # follower has seen its leader's term.
         deadline = time.monotonic() + CHANGE_TIMEOUT_S
         while True:
             code, rows = oms_status(environment, "--state-dir", str(state_dir))
-            if code == 0 and all(
-                sum(r["role"] == "leader" for r in rows if (r["service"], r["group"]) == group) == 1
-                for group in {(r["service"], r["group"]) for r in rows if r["term"] is not None}
-                if group[0] in ("shard", "matcher")
-            ):
+            if code == 0 and settled(rows):
                 break
             assert time.monotonic() < deadline, rows
         services = sorted({(r["service"], r["group"]) for r in rows})
@@ -87,9 +97,11 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
             + [("matcher", group) for group in record.matchers]
         )
         shards = [r for r in rows if r["service"] == "shard"]
-        assert len(shards) == 3 and len({r["term"] for r in shards}) == 1, shards
+        assert len(shards) == 3 and shards[0]["term"] > 0, shards
         assert all(r["health"] == "ok" and r["hash_check"] in ("ok", "") for r in rows), rows
         assert all(r["uptime_s"] is not None for r in rows), rows
+        for replica in (r for r in rows if r["role"] == "follower"):
+            assert 0 <= replica["lag_entries"] < 1_000 and replica["lag_ms"] >= 0, replica
         leader = next(r for r in shards if r["role"] == "leader")
         assert leader["resident_users"] is not None and leader["sagas_in_flight"] is not None
 
@@ -138,7 +150,7 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
 
         omsctl = [sys.executable, "-m", "services.routing.omsctl", "--state-dir", str(state_dir)]
         shown = subprocess.run(
-            [*omsctl, "residents"],
+            [*omsctl, "residents", "s1"],
             check=False,
             capture_output=True,
             text=True,
@@ -150,7 +162,7 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
         for address in record.shard_replicas():
             subprocess.run(["pkill", "-STOP", "-f", f"listen {address}"], check=True)
         waiting = subprocess.Popen(
-            [*omsctl, "residents"],
+            [*omsctl, "residents", "s1"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
