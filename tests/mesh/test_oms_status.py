@@ -3,9 +3,9 @@ everywhere), with no flag but the state folder: every process is a row, one lead
 per group, equal terms and agreeing hashes; a follower stopped shows as not
 answering, within the deadline, and once killed and restarted by the supervisor, is
 back as a follower; `--etcd` finds the same replicated groups through the replica
-registry and leader keys; `oms client admin` finds the gateway and the admin key;
-`omsctl residents` with every shard replica stopped says it waits for a leader, and
-answers once they run again and one is elected."""
+registry and leader keys; `oms client` finds the gateway, its authority and the admin
+key; with every shard replica stopped, `omsctl residents` and `oms client orders` say
+they wait, and answer once the replicas run again and one leads."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.mesh.up_process import ROOT
+from tests.mesh.up_process import ROOT, run_demo
 from tests.replication.replicated_mesh import ReplicatedMesh
 
 STATUS_TIMEOUT_S = 1.0
@@ -135,47 +135,63 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
         }, found
         assert all(r["health"] == "ok" for r in found), found
 
-        # `oms client admin` with the folder alone: its gateway, authority and admin key.
+        # `oms client` with the folder alone: its gateway, authority and admin key.
         client = [sys.executable, "-m", "services.command_line", "client"]
-        users = subprocess.run(
-            [*client, "--state-dir", str(state_dir), "admin", "users"],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=environment,
-            cwd=ROOT,
-            timeout=CHANGE_TIMEOUT_S,
-        )
-        assert users.returncode == 0, users.stdout + users.stderr
-
+        client += ["--state-dir", str(state_dir)]
+        run_demo(state_dir, environment)  # users 1 and 2
+        created = run(environment, [*client, "--user-id", "1", "keys", "create"])
+        api_key = created.split()[0]
+        api_secret = created.split("secret (shown once): ")[1].split()[0]
+        assert run(environment, [*client, "admin", "users"])
+        user = [*client, "--user-id", "1", "--api-key", api_key, "--api-secret", api_secret]
         omsctl = [sys.executable, "-m", "services.routing.omsctl", "--state-dir", str(state_dir)]
-        shown = subprocess.run(
-            [*omsctl, "residents", "s1"],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=environment,
-            cwd=ROOT,
-            timeout=CHANGE_TIMEOUT_S,
-        )
-        assert shown.returncode == 0 and "s1" in shown.stdout, shown.stdout + shown.stderr
+        assert "s1" in run(environment, [*omsctl, "residents", "s1"])
+
+        # Every shard replica stopped: no leader to answer. Both tools say they wait,
+        # and answer once the replicas run again and one leads.
         for address in record.shard_replicas():
             subprocess.run(["pkill", "-STOP", "-f", f"listen {address}"], check=True)
-        waiting = subprocess.Popen(
-            [*omsctl, "residents", "s1"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=environment,
-            cwd=ROOT,
-        )
+        waiting = [start_tool(environment, [*omsctl, "residents", "s1"])]
+        waiting.append(start_tool(environment, [*user, "orders"]))
         try:
-            assert waiting.stderr is not None
-            readable, _, _ = select.select([waiting.stderr], [], [], CHANGE_TIMEOUT_S)
-            said = waiting.stderr.readline() if readable else ""
+            said = [first_error_line(process) for process in waiting]
         finally:
             for address in record.shard_replicas():
                 subprocess.run(["pkill", "-CONT", "-f", f"listen {address}"], check=False)
-        output, errors = waiting.communicate(timeout=CHANGE_TIMEOUT_S)
-        assert "waiting for a leader of s1" in said, said + errors
-        assert waiting.returncode == 0 and "s1" in output, output + errors
+        ended = [process.communicate(timeout=CHANGE_TIMEOUT_S) for process in waiting]
+        assert "waiting for a leader of s1" in said[0], (said, ended)
+        assert said[1].startswith("oms client: waiting"), (said, ended)
+        assert [process.returncode for process in waiting] == [0, 0], (said, ended)
+        assert "s1" in ended[0][0], ended
+
+
+def run(environment: dict[str, str], command: list[str]) -> str:
+    done = subprocess.run(
+        command,
+        check=False,
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        timeout=CHANGE_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def start_tool(environment: dict[str, str], command: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+    )
+
+
+def first_error_line(process: subprocess.Popen[str]) -> str:
+    """The process's first line on stderr, waited for within the test's deadline."""
+    assert process.stderr is not None
+    readable, _, _ = select.select([process.stderr], [], [], CHANGE_TIMEOUT_S)
+    return process.stderr.readline() if readable else ""
