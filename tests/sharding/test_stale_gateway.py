@@ -14,7 +14,8 @@ money is conserved over both shards.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from protos.oms.v1 import common_pb2
 from services.coordination.etcd_session import EtcdSession
@@ -25,6 +26,7 @@ from tests.e2e.gateway_load import FUNDS, run_load_until
 from tests.e2e.invariants import check_mesh_invariants
 from tests.full_mesh import gateway_counters
 from tests.gateway.accounts import buy, eventually, open_account
+from tests.gateway.gateway_process import GatewayProcess
 from tests.sharded_mesh import ShardedMesh
 from tests.sharding.freezing_proxy import FreezingProxy
 from tests.sharding.omsctl_process import run_to_the_end, start_omsctl
@@ -37,15 +39,24 @@ MOVED_ORDERS = 20  # the moved user's orders accepted on its new shard
 IOC = common_pb2.TIME_IN_FORCE_IOC  # never rests: the user stays flat, free to move
 
 
-async def test_a_gateway_on_a_stale_epoch_is_corrected_by_not_owner_and_loses_nothing(
-    new_sharded_mesh: Callable[..., Awaitable[ShardedMesh]],
-) -> None:
-    mesh = await new_sharded_mesh(first_document(["s1", "s2"]))
+@contextlib.asynccontextmanager
+async def stale_gateway(mesh: ShardedMesh) -> AsyncIterator[tuple[GatewayProcess, FreezingProxy]]:
+    """A second gateway whose etcd connections go through a proxy the test can freeze."""
     proxy = FreezingProxy(mesh.etcd_endpoints[0])
     await proxy.start()
     try:
         stale = mesh.new_gateway("gateway-stale", {"OMS_ETCD_ENDPOINTS": proxy.endpoint})
         await asyncio.to_thread(mesh.start, stale)
+        yield stale, proxy
+    finally:
+        await proxy.close()
+
+
+async def test_a_gateway_on_a_stale_epoch_is_corrected_by_not_owner_and_loses_nothing(
+    new_sharded_mesh: Callable[..., Awaitable[ShardedMesh]],
+) -> None:
+    mesh = await new_sharded_mesh(first_document(["s1", "s2"]))
+    async with stale_gateway(mesh) as (stale, proxy):
         async with EtcdSession(mesh.etcd_endpoints) as session:
             store = RoutingStore(session, mesh.mesh_id)
             controller = WaveController(store, mesh.probe())
@@ -84,8 +95,6 @@ async def test_a_gateway_on_a_stale_epoch_is_corrected_by_not_owner_and_loses_no
             after = await current_document(store)
             await controller.shards.close()
         counters = await gateway_counters(stale.address)
-    finally:
-        await proxy.close()
 
     assert after.epoch == before.epoch + 2 and after.owner_of(moved) == "s2"
     assert all(after.owner_of(u) == before.owner_of(u) for u in traders.taker_ids if u != moved)
@@ -109,35 +118,28 @@ async def test_a_trade_stream_order_meeting_not_owner_is_routed_again_on_its_str
     (gateway/direct_orders.py); a NOT_OWNER answer hands it to the routed path, which
     reads etcd and sends it again to the new owner, the client seeing one answer."""
     mesh = await new_sharded_mesh(first_document(["s1", "s2"]))
-    proxy = FreezingProxy(mesh.etcd_endpoints[0])
-    await proxy.start()
-    try:
-        stale = mesh.new_gateway("gateway-stale", {"OMS_ETCD_ENDPOINTS": proxy.endpoint})
-        await asyncio.to_thread(mesh.start, stale)
-        async with EtcdSession(mesh.etcd_endpoints) as session:
-            store = RoutingStore(session, mesh.mesh_id)
-            before = await current_document(store)
-            async with mesh.admin() as admin:
-                accounts = [await open_account(admin, FUNDS) for _ in range(6)]
-            account = next(a for a in accounts if before.owner_of(a.user_id) == "s1")
-            await eventually(
-                lambda: gateway_counters(stale.address),
-                lambda counters: counters["routing_epoch"] == before.epoch,
+    async with stale_gateway(mesh) as (stale, proxy), EtcdSession(mesh.etcd_endpoints) as session:
+        store = RoutingStore(session, mesh.mesh_id)
+        before = await current_document(store)
+        async with mesh.admin() as admin:
+            accounts = [await open_account(admin, FUNDS) for _ in range(6)]
+        account = next(a for a in accounts if before.owner_of(a.user_id) == "s1")
+        await eventually(
+            lambda: gateway_counters(stale.address),
+            lambda counters: counters["routing_epoch"] == before.epoch,
+        )
+        async with account.client(stale.address) as client, client.trade() as stream:
+            [first] = await stream.submit([buy(client, "before-move", 1, time_in_force=IOC)])
+            assert first.place.accepted and first.place.order_id.startswith("s1:"), first
+            assert proxy.freeze() >= 1
+            tier = await start_omsctl(
+                mesh, "tier", str(account.user_id), "whale", "--cluster", "s2"
             )
-            async with account.client(stale.address) as client, client.trade() as stream:
-                [first] = await stream.submit([buy(client, "before-move", 1, time_in_force=IOC)])
-                assert first.place.accepted and first.place.order_id.startswith("s1:"), first
-                assert proxy.freeze() >= 1
-                tier = await start_omsctl(
-                    mesh, "tier", str(account.user_id), "whale", "--cluster", "s2"
-                )
-                lines = await run_to_the_end(tier)
-                assert (await current_document(store)).owner_of(account.user_id) == "s2", lines
-                [moved] = await stream.submit([buy(client, "after-move", 1, time_in_force=IOC)])
-                assert stream.answers[moved.request_id] == 1
-            assert moved.place.accepted and moved.place.order_id.startswith("s2:"), moved
-            counters = await gateway_counters(stale.address)
-    finally:
-        await proxy.close()
+            lines = await run_to_the_end(tier)
+            assert (await current_document(store)).owner_of(account.user_id) == "s2", lines
+            [moved] = await stream.submit([buy(client, "after-move", 1, time_in_force=IOC)])
+            assert stream.answers[moved.request_id] == 1
+        assert moved.place.accepted and moved.place.order_id.startswith("s2:"), moved
+        counters = await gateway_counters(stale.address)
     assert counters["shard_not_owner"] >= 1, counters
     assert counters["routing_epoch"] == before.epoch + 2, counters
