@@ -9,7 +9,9 @@ per-subscriber protobuf work. A subscriber in the same process (a co-located
 persister or bridge) takes the messages themselves (`EgressBatchView`): no frame is
 made for it and nothing is parsed again. A small cache keeps the pieces of recent
 records, since subscribers read the same records within a few loop turns of each
-other; the messages are shared, so subscribers only read them.
+other; the messages are shared, so subscribers only read them. The cache is bounded
+by pieces as well as records: at a high rate a record holds thousands of items, and
+1,024 such records once held gigabytes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from services.shard.settlement_traces import SettlementTraces
 ITEMS_FIELD_TAG = b"\x0a"  # ShardEgressBatch.items: field 1, wire type 2
 THROUGH_POSITION_TAG = b"\x10"  # ShardEgressBatch.through_position: field 2, varint
 CACHED_RECORDS = 1_024
+CACHED_PIECES = 100_000  # however few records that is (the newest is always kept)
 EGRESS_PER_MESSAGE = 2_000  # items; a message this long may be cut between positions
 
 
@@ -92,11 +95,17 @@ def frames_of(
 
 class EgressFrames:
     def __init__(
-        self, capacity: int = CACHED_RECORDS, traces: SettlementTraces | None = None
+        self,
+        capacity: int = CACHED_RECORDS,
+        traces: SettlementTraces | None = None,
+        *,
+        capacity_pieces: int = CACHED_PIECES,
     ) -> None:
         self.capacity = capacity
+        self.capacity_pieces = capacity_pieces
         self.traces = traces
         self._cache: OrderedDict[int, list[EgressPiece]] = OrderedDict()
+        self._pieces = 0  # in the cache
         self.encoded = 0
         self.reused = 0
 
@@ -110,9 +119,13 @@ class EgressFrames:
             return frames
         frames = frames_of(record, self.traces)
         self.encoded += 1
-        self._cache[key] = frames
-        if len(self._cache) > self.capacity:
-            self._cache.popitem(last=False)
+        cache = self._cache
+        cache[key] = frames
+        self._pieces += len(frames)
+        while len(cache) > 1 and (
+            len(cache) > self.capacity or self._pieces > self.capacity_pieces
+        ):
+            self._pieces -= len(cache.popitem(last=False)[1])
         return frames
 
 

@@ -40,3 +40,23 @@ def test_concatenated_frames_are_the_batch_and_are_encoded_once() -> None:
     view = selection.message()
     assert isinstance(view, EgressBatchView) and view.through_position == 7
     assert list(view.items) == list(parsed.items)
+
+
+def test_the_cache_is_bounded_by_pieces_as_well_as_records() -> None:
+    driver = ShardDriver()
+    egress = driver.run(driver.hydrate(1), driver.deposit(1, "USDT", 10**12))
+    egress += driver.run(driver.place(1, "a", price_ticks=100, quantity_lots=3))
+    frames = EgressFrames(capacity=100, capacity_pieces=2 * len(egress))
+    records: list[EgressRecord[object]] = [
+        EgressRecord(position, position, 7, [(position, item) for item in egress])
+        for position in range(1, 5)
+    ]
+    for record in records:
+        frames.of(record)
+    # Two records' pieces fit: the two oldest were dropped, and are encoded again.
+    assert frames.of(records[3]) is frames.of(records[3]) and frames.encoded == 4
+    frames.of(records[0])
+    assert frames.encoded == 5
+    # A record larger than the bound alone is still kept (its subscribers read it next).
+    alone = EgressFrames(capacity=100, capacity_pieces=1)
+    assert alone.of(records[0]) is alone.of(records[0])
