@@ -85,7 +85,7 @@ def run_control(arguments: argparse.Namespace) -> int:
         )
         return _print_ack(await call(arguments.user_id, note=arguments.note))
 
-    return run_admin(arguments, action, COMMAND)
+    return run_admin(arguments, action, COMMAND, repeatable=True)
 
 
 def run_kill_switch(arguments: argparse.Namespace) -> int:
@@ -93,7 +93,7 @@ def run_kill_switch(arguments: argparse.Namespace) -> int:
         ack = await admin.kill_switch(arguments.user_id, enable=arguments.state == "on")
         return _print_ack(ack)
 
-    return run_admin(arguments, action, COMMAND)
+    return run_admin(arguments, action, COMMAND, repeatable=True)
 
 
 async def current_limits(admin: AdminClient, user_id: int) -> shard_pb2.RiskLimits:
@@ -119,7 +119,7 @@ def run_limits(arguments: argparse.Namespace) -> int:
         )
         return _print_ack(ack)
 
-    return run_admin(arguments, action, COMMAND)
+    return run_admin(arguments, action, COMMAND, repeatable=True)
 
 
 def describe_user(user: gateway_pb2.UserSummary) -> str:
@@ -147,7 +147,7 @@ def run_users(arguments: argparse.Namespace) -> int:
             print(f"more: --after {page.users[-1].user_id}")
         return 0
 
-    return run_admin(arguments, action, COMMAND)
+    return run_admin(arguments, action, COMMAND, repeatable=True)
 
 
 def describe_audit(entry: gateway_pb2.AdminAuditEntry) -> str:
@@ -172,4 +172,4 @@ def run_audit(arguments: argparse.Namespace) -> int:
             print(f"more: --before {page.entries[-1].audit_id}")
         return 0
 
-    return run_admin(arguments, action, COMMAND)
+    return run_admin(arguments, action, COMMAND, repeatable=True)

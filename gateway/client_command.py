@@ -12,8 +12,9 @@ gives the gateway, its authority and, for `admin` and `keys`, the admin key
 Amounts are shown as the integers the system keeps (prices in ticks, quantities
 in lots, balances in the asset's minor units). A call the mesh cannot answer now
 (UNAVAILABLE, TIMEOUT: a shard's election) is sent again, the same request, for at
-most 20 s, with one line on stderr saying it waits. Exit status: 0 done, 1 refused
-(by the gateway, or an order/cancel the shard did not accept), 2 bad usage.
+most 20 s, with one line on stderr saying it waits (`gateway/client_waits.py`).
+Exit status: 0 done, 1 refused (by the gateway, or an order/cancel the shard did not
+accept), 2 bad usage.
 """
 
 from __future__ import annotations
@@ -27,20 +28,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from gateway.admin_command import register_admin
 from gateway.client import GatewayCallError, OmsClient
+from gateway.client_waits import through_elections
 from gateway.key_command import read_private_key, register_keys
 from gateway.local_mesh_client import adopt_local_mesh
 from gateway.settings import ClientSettings
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from services.settings import SettingsError, load_settings
 
-WAIT_S = 20.0  # an election: a 2 s lease, the campaign, a loaded machine
-RETRY_PAUSE_S = 0.25
-RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-RETRY_REASONS = frozenset({"GATEWAY_ERROR_REASON_UNAVAILABLE", "GATEWAY_ERROR_REASON_TIMEOUT"})
 SIDES = {"buy": common_pb2.SIDE_BUY, "sell": common_pb2.SIDE_SELL}
 ORDER_TYPES = {"limit": common_pb2.ORDER_TYPE_LIMIT, "market": common_pb2.ORDER_TYPE_MARKET}
 STATUSES = {
@@ -181,7 +177,8 @@ def _client(arguments: argparse.Namespace) -> OmsClient:
 def _run(arguments: argparse.Namespace, action: Any) -> int:
     async def call() -> int:
         async with _client(arguments) as client:
-            return await _through_elections(action, client)
+            result: int = await through_elections(lambda: action(client), "oms client")
+            return result
 
     try:
         return asyncio.run(call())
@@ -192,32 +189,6 @@ def _run(arguments: argparse.Namespace, action: Any) -> int:
         reason = error.reason.removeprefix("GATEWAY_ERROR_REASON_") or error.code.name
         print(f"refused: {reason}: {error.detail}", file=sys.stderr)
         return 1
-
-
-async def _through_elections(action: Any, client: OmsClient) -> int:
-    """`action`, asked again (the same request: the same ids) while the mesh answers
-    that it cannot now (UNAVAILABLE or TIMEOUT: a shard electing its leader, a gateway
-    restarting), for at most `WAIT_S`, saying once on stderr that it waits. Every
-    public call is safe to repeat so (gateway.proto's retry rules)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    said = False
-    while True:
-        try:
-            result: int = await action(client)
-            return result
-        except GatewayCallError as error:
-            if not _retryable(error) or loop.time() >= deadline:
-                raise
-            if not said:
-                reason = error.reason.removeprefix("GATEWAY_ERROR_REASON_") or error.code.name
-                print(f"oms client: waiting ({reason}: {error.detail})", file=sys.stderr)
-                said = True
-        await asyncio.sleep(RETRY_PAUSE_S)
-
-
-def _retryable(error: GatewayCallError) -> bool:
-    return error.code in RETRY_CODES or error.reason in RETRY_REASONS
 
 
 def _name(enum: Any, value: int, prefix: str) -> str:

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from gateway.client import AdminClient, GatewayCallError
+from gateway.client_waits import through_elections
 from gateway.local_mesh_client import admin_key_of
 from gateway.settings import ClientSettings
 from protos.oms.v1 import common_pb2, gateway_pb2
@@ -111,11 +112,17 @@ def run_admin(
     arguments: argparse.Namespace,
     action: Callable[[AdminClient], Awaitable[int | None]],
     command: str = "oms client keys",
+    *,
+    repeatable: bool = False,
 ) -> int:
-    """Run `action` with the admin client: its status (0 if None), 1 refused, 2 bad usage."""
+    """Run `action` with the admin client: its status (0 if None), 1 refused, 2 bad usage.
+    `repeatable`: safe to send again, so sent again through an election
+    (`client_waits.py`); a key's creation, rotation or revocation is not."""
 
     async def call() -> int | None:
         async with admin_client(arguments) as admin:
+            if repeatable:
+                return await through_elections(lambda: action(admin), command)
             return await action(admin)
 
     try:
@@ -169,7 +176,7 @@ def run_list(arguments: argparse.Namespace) -> int:
         for key in await admin.list_api_keys(_user_id(arguments)):
             print(describe(key))
 
-    return run_admin(arguments, action)
+    return run_admin(arguments, action, repeatable=True)  # a read
 
 
 def run_revoke(arguments: argparse.Namespace) -> int:

@@ -4,8 +4,9 @@ per group, equal terms and agreeing hashes; a follower stopped shows as not
 answering, within the deadline, and once killed and restarted by the supervisor, is
 back as a follower; `--etcd` finds the same replicated groups through the replica
 registry and leader keys; `oms client` finds the gateway, its authority and the admin
-key; with every shard replica stopped, `omsctl residents` and `oms client orders` say
-they wait, and answer once the replicas run again and one leads."""
+key; with every shard replica stopped, `omsctl residents`, `oms client orders` and
+`oms client admin halt` say they wait, and answer once the replicas run again and one
+leads."""
 
 from __future__ import annotations
 
@@ -145,6 +146,7 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
             subprocess.run(["pkill", "-STOP", "-f", f"listen {address}"], check=True)
         waiting = [start_tool(environment, [*omsctl, "residents", "s1"])]
         waiting.append(start_tool(environment, [*user, "orders"]))
+        waiting.append(start_tool(environment, [*client, "admin", "halt", "2", "--note", "t"]))
         try:
             said = [first_error_line(process) for process in waiting]
         finally:
@@ -153,7 +155,8 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
         ended = [process.communicate(timeout=CHANGE_TIMEOUT_S) for process in waiting]
         assert "waiting for a leader of s1" in said[0], (said, ended)
         assert said[1].startswith("oms client: waiting"), (said, ended)
-        assert [process.returncode for process in waiting] == [0, 0], (said, ended)
+        assert said[2].startswith("oms client admin: waiting"), (said, ended)
+        assert [process.returncode for process in waiting] == [0, 0, 0], (said, ended)
         assert "s1" in ended[0][0], ended
 
 
