@@ -5,8 +5,8 @@ answering, within the deadline, and once killed and restarted by the supervisor,
 back as a follower; `--etcd` finds the same replicated groups through the replica
 registry and leader keys; `oms client` finds the gateway, its authority and the admin
 key; with every shard replica stopped, `omsctl residents`, `oms client orders` and
-`oms client admin halt` say they wait, and answer once the replicas run again and one
-leads."""
+`oms client admin halt` say they wait, and answer once the leader is killed and the
+followers, running again, elect a new one."""
 
 from __future__ import annotations
 
@@ -140,8 +140,11 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
         omsctl = [sys.executable, "-m", "services.routing.omsctl", "--state-dir", str(state_dir)]
         assert "s1" in run(environment, [*omsctl, "residents", "s1"])[1]
 
-        # Every shard replica stopped: no leader to answer. Both tools say they wait,
-        # and answer once the replicas run again and one leads.
+        # Every shard replica stopped: no leader to answer, and the tools say they wait.
+        # Then the leader is killed and the followers run again: they elect a new one
+        # (the supervisor restarts the killed one), and the tools answer.
+        _, rows = oms_status(environment, "--state-dir", str(state_dir))
+        old = next(r for r in rows if r["service"] == "shard" and r["role"] == "leader")
         for address in record.shard_replicas():
             subprocess.run(["pkill", "-STOP", "-f", f"listen {address}"], check=True)
         waiting = [start_tool(environment, [*omsctl, "residents", "s1"])]
@@ -150,6 +153,7 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
         try:
             said = [first_error_line(process) for process in waiting]
         finally:
+            subprocess.run(["pkill", "-KILL", "-f", f"listen {old['address']}"], check=False)
             for address in record.shard_replicas():
                 subprocess.run(["pkill", "-CONT", "-f", f"listen {address}"], check=False)
         ended = [process.communicate(timeout=CHANGE_TIMEOUT_S) for process in waiting]
@@ -158,6 +162,9 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
         assert said[2].startswith("oms client admin: waiting"), (said, ended)
         assert [process.returncode for process in waiting] == [0, 0, 0], (said, ended)
         assert "s1" in ended[0][0], ended
+        _, rows = oms_status(environment, "--state-dir", str(state_dir))
+        new = [r for r in rows if r["service"] == "shard" and r["role"] == "leader"]
+        assert new and new[0]["term"] > old["term"], (old, new)
 
 
 def run(
