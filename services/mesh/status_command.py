@@ -22,9 +22,11 @@ import json
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from services.coordination.errors import CoordinationUnavailable
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import DEFAULT_MESH_ID
 from services.mesh.local_mesh import LocalMesh, state_dir_of
@@ -110,9 +112,22 @@ async def _fixed(targets: list[ProcessTarget]) -> list[ProcessTarget]:
     return targets
 
 
-async def _show(arguments: argparse.Namespace, title: str, find: Any) -> int:
+async def _show(
+    arguments: argparse.Namespace,
+    title: str,
+    find: Callable[[], Awaitable[list[ProcessTarget]]],
+) -> int:
     while True:
-        rows = rows_of(await probe_all(await find(), arguments.timeout_s))
+        try:
+            targets = await find()
+        except CoordinationUnavailable as error:
+            # etcd itself does not answer: said, and asked again at the next redraw.
+            print(f"oms status: {title}: etcd did not answer: {error}", file=sys.stderr)
+            if not arguments.watch:
+                return 1
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            continue
+        rows = rows_of(await probe_all(targets, arguments.timeout_s))
         healthy = all(row.health == "ok" for row in rows)
         if arguments.json:
             print(json.dumps([row.as_json() for row in rows]), flush=True)

@@ -11,6 +11,7 @@ followers, running again, elect a new one."""
 from __future__ import annotations
 
 import json
+import os
 import select
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from services.infra.ports import free_port
 from tests.mesh.up_process import ROOT, run_demo
 from tests.replication.replicated_mesh import ReplicatedMesh
 
@@ -200,3 +202,17 @@ def first_error_line(process: subprocess.Popen[str]) -> str:
     assert process.stderr is not None
     readable, _, _ = select.select([process.stderr], [], [], CHANGE_TIMEOUT_S)
     return process.stderr.readline() if readable else ""
+
+
+def test_oms_status_says_when_etcd_does_not_answer(tmp_path: Path) -> None:
+    """No etcd where `--etcd` points: one line saying so, exit 1, no traceback."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    environment.pop("OMS_ETCD_ENDPOINTS", None)
+    command = [sys.executable, "-m", "services.command_line", "status", "--state-dir"]
+    command += [str(tmp_path), "--etcd", f"127.0.0.1:{free_port()}", "--mesh-id", "nobody"]
+    done = subprocess.run(
+        command, check=False, capture_output=True, text=True, env=environment, cwd=ROOT,
+        timeout=CHANGE_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "etcd did not answer" in done.stderr and "Traceback" not in done.stderr
