@@ -47,7 +47,7 @@ class DurableEgressFeed(Generic[EgressT]):
         retained_records: int = 100_000,
         select: Callable[[EgressT], bool] | None = None,
         *,
-        retained_items: int = 1_000_000,
+        retained_items: int = 4_000_000,
     ) -> None:
         if retained_records < 1 or retained_items < 1:
             raise ValueError("retained_records and retained_items must be positive")
