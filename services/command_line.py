@@ -24,6 +24,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("persister", "persister.command"),
     ("demo", "services.mesh.demo"),
     ("status", "services.mesh.status_command"),
+    ("audit", "auditor.command"),
     ("bench", "services.bench.command"),
     ("gateway", "gateway.command"),
     ("client", "gateway.client_command"),

@@ -18,6 +18,7 @@ CORE_PACKAGES = [
     ROOT / "services" / "shard" / "core",
     ROOT / "services" / "matcher" / "core",
     ROOT / "services" / "routing" / "core",
+    ROOT / "auditor" / "core",
 ]
 FORBIDDEN_MODULES = {
     "asyncio",

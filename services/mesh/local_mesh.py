@@ -30,6 +30,7 @@ class LocalMesh:
     state_dir: Path
     record: MeshRecord
     etcd_endpoints: tuple[str, ...]  # () when the folder's etcd is not recorded
+    database_url: str = ""  # the embedded PostgreSQL's; "" when the mesh uses another
 
     @classmethod
     def find(cls, state_dir: Path) -> LocalMesh | None:
@@ -37,8 +38,14 @@ class LocalMesh:
         record = read_mesh_record(state_dir)
         if record is None:
             return None
-        etcd = read_record(LocalInfra(state_dir).state_file).etcd
-        return cls(state_dir, record, (etcd.endpoint,) if etcd is not None else ())
+        infra = read_record(LocalInfra(state_dir).state_file)
+        etcd, postgres = infra.etcd, infra.postgres
+        return cls(
+            state_dir,
+            record,
+            (etcd.endpoint,) if etcd is not None else (),
+            postgres.url if postgres is not None else "",
+        )
 
     def adopt(self) -> None:
         """This process reaches the mesh (and its etcd) as the local operator."""
