@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -77,15 +77,19 @@ async def audit_once(inputs: AuditInputs) -> AuditReport:
     return report
 
 
-async def audit_until_settled(inputs: AuditInputs, *, settle_s: float) -> AuditReport:
-    """Audits until one is clean or the deadline passes; the last report, with the number
-    of audits it took in `figures["audits"]`."""
+async def audit_until_settled(
+    inputs: AuditInputs, *, settle_s: float, expected: Mapping[str, int] | None = None
+) -> AuditReport:
+    """Audits until one is clean (or finds exactly the `expected` violations, by check)
+    or the deadline passes; the last report, with the number of audits it took in
+    `figures["audits"]`."""
+    expected = dict(expected or {})
     deadline = time.monotonic() + settle_s
     audits = 0
     while True:
         report = await audit_once(inputs)
         audits += 1
         report.figures["audits"] = audits
-        if report.clean or time.monotonic() >= deadline:
+        if report.counts == expected or time.monotonic() >= deadline:
             return report
         await asyncio.sleep(RETRY_PAUSE_S)

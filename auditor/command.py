@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from auditor.audit_run import AuditInputs, audit_until_settled, market_units
-from auditor.core.findings import CHECKS, AuditReport
+from auditor.core.findings import AuditReport
 from auditor.core.rows import AcknowledgedOrder, AcknowledgedTransfer
+from auditor.report_text import render_report, report_document
 from gateway.key_command import add_admin_key_arguments, admin_client
 from services.markets.catalog import MarketCatalogError, load_catalog
 from services.mesh.local_mesh import LocalMesh, state_dir_of
@@ -120,46 +121,3 @@ def _json_lines(path: Path | None) -> list[dict[str, Any]]:
     if path is None:
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def report_document(report: AuditReport) -> dict[str, Any]:
-    return {
-        "clean": report.clean,
-        "figures": report.figures,
-        "checks_evaluated": report.evaluated,
-        "violations": report.counts,
-        "examples": [
-            {"check": f.check, "subject": f.subject, "detail": f.detail} for f in report.examples
-        ],
-    }
-
-
-def render_report(report: AuditReport) -> str:
-    figures = report.figures
-    lines = [
-        "oms audit: "
-        + ("clean" if report.clean else f"{report.violations} violations")
-        + f" after {figures.get('audits', 1)} audit(s), {report.evaluated} checks evaluated",
-        "  read: "
-        + ", ".join(
-            f"{figures.get(name, 0)} {name.replace('_', ' ')}"
-            for name in (
-                "users",
-                "deposits",
-                "withdrawals",
-                "orders",
-                "fills",
-                "trades",
-                "postings",
-                "ledger_rows",
-            )
-        ),
-        "  compared: "
-        f"{figures.get('answered_users_compared', 0)} users as the admin API answers,"
-        f" {figures.get('stored_users_compared', 0)} stored users,"
-        f" {figures.get('acknowledged_orders', 0)} acknowledged orders",
-    ]
-    for check, count in sorted(report.counts.items()):
-        lines.append(f"  {check} ({count}): {CHECKS[check]}")
-        lines.extend(f"    {f.subject}: {f.detail}" for f in report.examples if f.check == check)
-    return "\n".join(lines)

@@ -160,6 +160,7 @@ class ShardedMesh:
                 for cluster_id, c in self.clusters.items()
             ),
             {group: process.address for group, process in self.matchers.items()},
+            self.gateway.address,
         )
 
     def probe(self) -> ShardProbe:

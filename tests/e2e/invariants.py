@@ -18,7 +18,9 @@ clusters of a sharded mesh, each with its own persister):
 4. every acknowledged order is present: live in its shard's index, or finished in
    PostgreSQL; and PostgreSQL holds a row for every one of them;
 5. every persister's DB-side oracles (duplicates or refused rows that reached the
-   database) are all zero.
+   database) are all zero;
+6. the independent auditor (`independent_audit.py`), which reads none of the above
+   internals, finds nothing.
 
 Several services answer at their own pace (the write-behind lands ~10 ms after the
 shard, a GTD order can expire in the middle of a look), so each comparison is
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 import asyncpg
 import grpc
 
+from gateway.client import AdminClient
 from protos.oms.v1 import (
     common_pb2,
     matcher_pb2,
@@ -50,7 +53,9 @@ from protos.oms.v1 import (
 )
 from services.clients.channels import mesh_channel
 from services.markets.catalog import load_catalog
+from tests.e2e.independent_audit import audit_from_outside
 from tests.full_mesh import FullMesh
+from tests.gateway.gateway_process import ADMIN_KEY, ADMIN_SECRET
 
 _GROUPS = {market.symbol: market.matcher_group for market in load_catalog().markets}
 LIVE = (
@@ -87,12 +92,21 @@ class ShardAddresses:
 class MeshAddresses:
     shards: tuple[ShardAddresses, ...]
     matchers: Mapping[str, str]  # group -> address
+    # A gateway that takes the test admin key: the independent auditor asks its admin
+    # API too ("": the auditor reads PostgreSQL alone).
+    gateway: str = ""
 
     @classmethod
     def single(
-        cls, *, shard: str, persister: str, matchers: Mapping[str, str], shard_id: str = "s1"
+        cls,
+        *,
+        shard: str,
+        persister: str,
+        matchers: Mapping[str, str],
+        shard_id: str = "s1",
+        gateway: str = "",
     ) -> MeshAddresses:
-        return cls((ShardAddresses(shard_id, shard, persister),), matchers)
+        return cls((ShardAddresses(shard_id, shard, persister),), matchers, gateway)
 
 
 class MeshInvariantError(AssertionError):
@@ -105,11 +119,16 @@ def mesh_addresses(mesh: FullMesh) -> MeshAddresses:
         persister=mesh.persister.address,
         matchers=mesh.matcher_addresses,
         shard_id=mesh.shard.shard_id,
+        gateway=mesh.gateway.address,
     )
 
 
 async def check_full_mesh(
-    mesh: FullMesh, acknowledged_order_ids: Iterable[str] = (), *, clearing_settled: bool = True
+    mesh: FullMesh,
+    acknowledged_order_ids: Iterable[str] = (),
+    *,
+    clearing_settled: bool = True,
+    audit_expects: Mapping[str, int] | None = None,
 ) -> None:
     """`check_mesh_invariants` of a test's FullMesh."""
     await check_mesh_invariants(
@@ -117,6 +136,7 @@ async def check_full_mesh(
         mesh.database_url,
         acknowledged_order_ids,
         clearing_settled=clearing_settled,
+        audit_expects=audit_expects,
     )
 
 
@@ -232,8 +252,12 @@ async def check_mesh_invariants(
     acknowledged_order_ids: Iterable[str] = (),
     *,
     clearing_settled: bool = True,
+    audit_expects: Mapping[str, int] | None = None,
 ) -> None:
     """Wait for quiet, then check every invariant (see the module's docstring).
+
+    `audit_expects`: what the independent auditor must find, by check, where a test
+    made it so on purpose (nothing, otherwise).
 
     `clearing_settled`: once both legs of every trade are settled (on one shard, or on
     two), the clearing accounts of every asset, summed over the shards, are back at zero.
@@ -265,6 +289,13 @@ async def check_mesh_invariants(
             moved = {n: oracles.get(n, 0) for n in ORACLE_COUNTERS if oracles.get(n, 0)}
             if moved:
                 raise MeshInvariantError(f"DB-side oracles of {shard.shard_id} moved: {moved}")
+    if addresses.gateway:
+        async with AdminClient(
+            addresses.gateway, api_key=ADMIN_KEY, api_secret=ADMIN_SECRET
+        ) as admin:
+            await audit_from_outside(database_url, admin=admin, expected=audit_expects)
+    else:
+        await audit_from_outside(database_url, expected=audit_expects)
 
 
 @dataclass(frozen=True)

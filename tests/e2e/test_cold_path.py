@@ -192,7 +192,9 @@ async def test_a_fill_for_an_evicted_user_is_parked_hydrated_and_settled(
         6_500_000,
         -13_000,
     )
-    await check_full_mesh(cold_mesh, [ask.order_id])
+    # The auditor sees what the test did: a fill of an order no shard admitted (the
+    # matcher was given it directly), with no order row behind it.
+    await check_full_mesh(cold_mesh, [ask.order_id], audit_expects={"fill-order": 1})
 
 
 async def _balances(account: Account, address: str) -> dict[str, tuple[int, int]]:

@@ -5,8 +5,9 @@ orders and cancels, every failed call retried with the same client order id), ki
 one process mid-load, keeps the load going while it is gone, restarts it, and lets the
 load run on. Then, from outside: the mesh's invariants (tests/e2e/invariants.py) with
 every acknowledged order, and every acknowledged order existing exactly once in the
-shard, PostgreSQL and its matcher (tests/e2e/exactly_once.py), plus what each fault
-specifically promises.
+shard, PostgreSQL and its matcher (tests/e2e/exactly_once.py); then every user's kill
+switch, and the independent auditor (tests/e2e/independent_audit.py) on the flat mesh;
+plus what each fault specifically promises.
 
 Partial-mesh versions of these faults, not repeated here: tests/bridge/test_faults.py
 (bridge, matcher and shard kills with the load sent to the shard directly),
@@ -37,6 +38,7 @@ from tests.e2e.gateway_load import (
     load_accounts,
     run_load_until,
 )
+from tests.e2e.independent_audit import audit_from_outside, cancel_everything
 from tests.e2e.invariants import check_full_mesh
 from tests.full_mesh import FullMesh
 from tests.gateway.accounts import BTC, Account, eventually, open_account
@@ -157,6 +159,11 @@ async def check_after_fault(
     placed = [*load.acknowledged.values(), *also]
     await check_full_mesh(mesh, [p.ack.order_id for p in placed])
     await check_orders_exactly_once(mesh, placed)
+    # Then from outside, as an auditor would: every resting order cancelled, every
+    # acknowledged order found final, every balance recomputed from transfers and fills.
+    async with mesh.admin() as admin:
+        await cancel_everything(admin)
+        await audit_from_outside(mesh.database_url, admin=admin, placed=placed, flat=True)
 
 
 async def shard_counters(mesh: FullMesh) -> dict[str, int]:
