@@ -10,7 +10,7 @@ ETCD_PROTO_SOURCES := protos/etcd/etcdserverpb/rpc.proto protos/etcd/mvccpb/kv.p
 PROTO_SOURCES := $(wildcard protos/oms/v1/*.proto) $(ETCD_PROTO_SOURCES)
 PROTO_STAMP := protos/oms/v1/.generated
 
-.PHONY: all install protos protocheck lint typecheck pytest test run bench clean lock prometheus
+.PHONY: all install protos protocheck lint typecheck pytest test run bench clean lock debian-packages
 
 all: test
 
@@ -32,20 +32,25 @@ lock:
 		--python-platform x86_64-unknown-linux-gnu --no-header -o $(LOCK).new
 	{ sed -n '1,3p' $(LOCK); cat $(LOCK).new; } > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK) && rm $(LOCK).new
 
-install: $(STAMP) $(PROTO_STAMP) prometheus
+install: $(STAMP) $(PROTO_STAMP) debian-packages
 
-# Debian's Prometheus and promtool, for tests/observability/test_alert_rules.py and
-# test_prometheus.py: installed where make runs as root with apt-get; elsewhere (or if
-# apt fails) those tests skip and pytest's summary says why. Never fails the build.
-prometheus:
-	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then :; \
+# Debian packages some tests need, installed where make runs as root with apt-get:
+# Prometheus and promtool (tests/observability/test_alert_rules.py, test_prometheus.py)
+# and fuse3, libfuse3 and fusermount3 (the power-cut filesystem of tests/power_cut/).
+# Elsewhere, or if apt fails, those tests skip and pytest's summary says why. Never
+# fails the build.
+DEBIAN_TOOLS := prometheus promtool fusermount3
+DEBIAN_PACKAGES := prometheus fuse3
+debian-packages:
+	@missing=$$(for tool in $(DEBIAN_TOOLS); do command -v $$tool >/dev/null || echo $$tool; done); \
+	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get install -y -q --no-install-recommends prometheus >/dev/null \
+		apt-get install -y -q --no-install-recommends $(DEBIAN_PACKAGES) >/dev/null \
 		|| { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends \
-			prometheus >/dev/null; } \
-		|| echo "make: apt-get install prometheus failed; its tests will skip"; \
-	else echo "make: no prometheus, and not root with apt-get; its tests will skip"; fi
+			$(DEBIAN_PACKAGES) >/dev/null; } \
+		|| echo "make: apt-get install $(DEBIAN_PACKAGES) failed; the tests needing them will skip"; \
+	else echo "make: no $$missing, and not root with apt-get; the tests needing them will skip"; fi
 
 # Generated code is produced here and never edited; it is ignored by git.
 $(PROTO_STAMP): $(PROTO_SOURCES) $(STAMP)

@@ -23,7 +23,7 @@ PROMTOOL_TIMEOUT_S = 120
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None,
     reason="no promtool on PATH: apt-get install prometheus (Debian), run as root by "
-    "`make prometheus` (part of `make install`)",
+    "`make debian-packages` (part of `make install`)",
 )
 
 

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
+import types
 from collections import deque
 from pathlib import Path
 
 import structlog
 
+from services.runtime import file_log
 from services.runtime.core.counter_machine import CounterMachine, encode_increment
 from services.runtime.file_log import FileLogStore
 from services.runtime.node import NodeSettings, RuntimeNode
@@ -35,6 +38,7 @@ WINDOW = 8
 SEGMENT_BYTES = 64 * 1024
 CHECKPOINT_INTERVAL = 1_000
 SNAPSHOT_INTERVAL = 5_000
+DROP_DSYNC_ENV = "CRASH_WRITER_DROP_DSYNC"
 
 
 def batch_size(batch_id: int) -> int:
@@ -110,7 +114,16 @@ async def main(data_dir: Path) -> None:
     await asyncio.gather(run_task, _pump(node, first_batch))
 
 
+def forget_o_dsync() -> None:
+    """Become a build whose log forgot `O_DSYNC`: the power-cut test's control
+    (`tests/power_cut/test_log_power_cut.py`) shows such a build loses acknowledged
+    batches at a power cut, so the test would catch it."""
+    vars(file_log)["os"] = types.SimpleNamespace(**{**vars(os), "O_DSYNC": 0})
+
+
 if __name__ == "__main__":
+    if os.environ.get(DROP_DSYNC_ENV) == "1":
+        forget_o_dsync()
     # Logs go to stderr so stdout carries only the protocol lines.
     structlog.configure(
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),

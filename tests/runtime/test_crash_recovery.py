@@ -54,9 +54,11 @@ EXIT_TIMEOUT_S = 15.0
 class WriterProcess:
     """One run of `crash_writer.py`; stdout is read as lines with deadlines, never by sleeping."""
 
-    def __init__(self, data_dir: Path, stderr: IO[bytes]) -> None:
+    def __init__(
+        self, data_dir: Path, stderr: IO[bytes], environment: dict[str, str] | None = None
+    ) -> None:
         self.stderr_path = Path(stderr.name)
-        environment = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+        environment = dict(os.environ, PYTHONPATH=str(REPO_ROOT), **(environment or {}))
         self.process = subprocess.Popen(
             [sys.executable, str(WRITER), str(data_dir)],
             stdout=subprocess.PIPE,
