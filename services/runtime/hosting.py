@@ -221,6 +221,7 @@ class RuntimeHost(Generic[EgressT]):
             "max_queue_dwell_ms": int(statistics.max_queue_dwell_ms),
             "applied_position": statistics.applied_position,
             "consensus_time_ms": statistics.consensus_time_ms,
+            "clock_steps_back": statistics.clock_steps_back,
         }
 
     async def _stop_requested_or(self, sequencer: asyncio.Task[None]) -> None:

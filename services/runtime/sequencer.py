@@ -72,6 +72,7 @@ class SequencerStatistics:
     max_queue_dwell_ms: float
     applied_position: int
     consensus_time_ms: int
+    clock_steps_back: int = 0
 
 
 class _Submission:
@@ -117,6 +118,7 @@ class Sequencer(Generic[EgressT]):
         self._consensus_time_ms = replica.consensus_time_ms
         self._next_timer_ms = 0
         self._timer_spacing_ms = self.settings.timer_interval_ms  # widens while idle
+        self._clock_steps_back = 0  # times the wall clock was found stepped back
         # After recovery, the newest hash may never have been logged: send it again.
         self._last_checkpoint_sent = 0
         self._batches = 0
@@ -190,6 +192,7 @@ class Sequencer(Generic[EgressT]):
             max_queue_dwell_ms=self._max_dwell_ns / 1e6,
             applied_position=self.replica.applied_position,
             consensus_time_ms=self._consensus_time_ms,
+            clock_steps_back=self._clock_steps_back,
         )
 
     # --- the loop -------------------------------------------------------------------
@@ -221,6 +224,8 @@ class Sequencer(Generic[EgressT]):
                 if self._stopping:
                     return
                 now_ms = self._clock_ms()
+                if timer_interval:
+                    self._follow_clock_steps(now_ms)
                 if not timer_interval or now_ms < self._next_timer_ms:
                     self._wake.clear()
                     handle = None
@@ -263,6 +268,7 @@ class Sequencer(Generic[EgressT]):
         self._pending_entries -= len(entries)
         timer_index = -1
         if settings.timer_interval_ms:
+            self._follow_clock_steps(now_ms)
             if taken:
                 self._busy_timer_cadence(now_ms)
             if now_ms >= self._next_timer_ms:
@@ -316,6 +322,21 @@ class Sequencer(Generic[EgressT]):
             self._busy_timer_cadence(now_ms)
         if self._on_durable is not None:
             self._on_durable(batch, outputs)
+
+    def _follow_clock_steps(self, now_ms: int) -> None:
+        """A wall clock stepped back (an NTP step, an operator) leaves the next timer as
+        far in the future as the step: timers would stop for its whole length. A next
+        timer further away than the widest spacing is brought back to one spacing from
+        now. (Consensus time itself never goes back: it holds until the clock passes it.)"""
+        widest = max(self.settings.idle_timer_interval_ms, self.settings.timer_interval_ms)
+        if self._next_timer_ms > now_ms + widest:
+            log.warning(
+                "sequencer.clock_stepped_back",
+                by_ms=self._next_timer_ms - self._timer_spacing_ms - now_ms,
+                consensus_time_ms=self._consensus_time_ms,
+            )
+            self._next_timer_ms = now_ms + self._timer_spacing_ms
+            self._clock_steps_back += 1
 
     def _busy_timer_cadence(self, now_ms: int) -> None:
         interval = self.settings.timer_interval_ms

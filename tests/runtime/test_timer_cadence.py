@@ -22,6 +22,7 @@ from services.runtime.sequencer import SequencerSettings
 from tests.runtime.node_support import settle
 
 DEADLINE_S = 30.0
+HOUR_MS = 3_600_000
 
 
 class TimerRecordingMachine(CounterMachine):
@@ -39,8 +40,22 @@ class TimerRecordingMachine(CounterMachine):
         return ((0, len(self.timer_times_ms)),) if self.busy else ()
 
 
+class SteppedClock:
+    """The wall clock plus an offset a test steps, as NTP or an operator would."""
+
+    def __init__(self) -> None:
+        self.offset_ms = 0
+
+    def __call__(self) -> int:
+        return time.time_ns() // 1_000_000 + self.offset_ms
+
+
 def node_for(
-    data_dir: Path, machine: TimerRecordingMachine, interval_ms: int, widest_ms: int
+    data_dir: Path,
+    machine: TimerRecordingMachine,
+    interval_ms: int,
+    widest_ms: int,
+    clock: SteppedClock | None = None,
 ) -> RuntimeNode[tuple[int, int | None]]:
     settings = NodeSettings(
         data_dir=data_dir,
@@ -50,7 +65,12 @@ def node_for(
             timer_interval_ms=interval_ms, idle_timer_interval_ms=widest_ms
         ),
     )
-    return RuntimeNode(machine, settings, log_store=FileLogStore(data_dir / "log"))
+    return RuntimeNode(
+        machine,
+        settings,
+        log_store=FileLogStore(data_dir / "log"),
+        clock_ms=clock or SteppedClock(),
+    )
 
 
 async def timers_logged(machine: TimerRecordingMachine, count: int) -> list[int]:
@@ -100,6 +120,39 @@ async def test_timers_that_produce_egress_keep_the_busy_cadence(tmp_path: Path) 
         busy = gaps(await timers_logged(machine, 12))
         # Never widened: a doubling cadence would reach 640 ms by the eighth gap.
         assert max(busy) < 320, busy
+    finally:
+        node.stop()
+        await asyncio.wait({task}, timeout=10)
+        await node.close()
+
+
+async def test_a_clock_stepped_back_holds_consensus_time_and_keeps_the_timers(
+    tmp_path: Path,
+) -> None:
+    """An hour back: timers go on at their cadence (they once waited the hour out),
+    stamped with the consensus time reached, which never goes back; an hour forward
+    again and consensus time follows the clock at once."""
+    machine = TimerRecordingMachine()
+    machine.busy = True  # the busy cadence: 10 ms
+    clock = SteppedClock()
+    node = node_for(tmp_path, machine, interval_ms=10, widest_ms=160, clock=clock)
+    await node.recover()
+    task = asyncio.create_task(node.run())
+    try:
+        before = await timers_logged(machine, 5)
+        clock.offset_ms = -HOUR_MS
+        during = (await timers_logged(machine, len(before) + 20))[len(before) :]
+        # Held at what it had reached, never behind it.
+        assert min(during) >= before[-1], (before[-1], during[:3])
+        assert max(during) - before[-1] < 5_000, during[-3:]
+        assert node.sequencer.statistics().clock_steps_back == 1
+        receipt = await settle(node.sequencer.submit_many([encode_increment(1, 1)]), task)
+        assert receipt.consensus_time_ms >= before[-1]
+        clock.offset_ms = 0
+        seen = len(machine.timer_times_ms)
+        after = (await timers_logged(machine, seen + 3))[seen:]
+        assert after[-1] >= time.time_ns() // 1_000_000 - 5_000, after
+        assert node.sequencer.statistics().clock_steps_back == 1
     finally:
         node.stop()
         await asyncio.wait({task}, timeout=10)
