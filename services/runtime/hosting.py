@@ -173,11 +173,14 @@ class RuntimeHost(Generic[EgressT]):
 
     def status(self) -> tuple[dict[str, int], dict[str, str]]:
         """What `oms.v1.Status/GetStatus` answers on every replica, leader or not: where
-        it is in the log, its state's hash there (so replicas can be compared), and its
-        service's own numbers, the metrics' (`shard.resident_users`, ...)."""
+        it is in the log, its state's hash there (so replicas can be compared), its
+        sequencer's numbers when it leads (`sequencer.records`, ...) and its service's own,
+        the metrics' (`shard.resident_users`, ...)."""
         replica = self.node.replica
         counters = self.replica_numbers()
         counters["consensus_time_ms"] = replica.consensus_time_ms
+        for key, value in self.sequencer_numbers().items():
+            counters[f"sequencer.{key}"] = value
         for name, numbers in self._plan_numbers:
             for key, value in numbers().items():
                 counters[f"{name}.{key}"] = value
