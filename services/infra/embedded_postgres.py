@@ -152,6 +152,10 @@ class EmbeddedPostgres:
         if detached:
             track_detached(self._process)
 
+    def wait(self) -> int:
+        """Until the server exits, however it ends; its exit status (0 if never started)."""
+        return 0 if self._process is None else self._process.wait()
+
     def stop(self) -> None:
         """SIGINT (fast shutdown), then SIGKILL after `stop_timeout` seconds. Safe to call twice."""
         if self._process is None:
