@@ -5,6 +5,10 @@ directions, while keeping the sockets open: a peer sees no error and no data, as
 behind a NAT that dropped its mapping. Connections made afterwards are relayed as
 usual. A gateway whose etcd watch runs through the proxy is thereby held on the
 epoch it has, while a fresh read of etcd (a new connection) still gets through.
+
+`partition()` also freezes every connection made from then on (accepted, never
+relayed: a peer that reconnects gets no further), until `heal()`: the whole link is
+cut, as by a network partition that drops packets.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class FreezingProxy:
         self._server: asyncio.Server | None = None
         self._links: list[_Link] = []
         self.connections = 0
+        self.partitioned = False
 
     @property
     def endpoint(self) -> str:
@@ -47,6 +52,16 @@ class FreezingProxy:
             link.frozen.set()
         return len(self._links)
 
+    def partition(self) -> None:
+        """Cut the link: freeze what is open, and every connection made until `heal`."""
+        self.partitioned = True
+        self.freeze()
+
+    def heal(self) -> None:
+        """New connections are relayed again (frozen ones stay frozen: their peers give
+        up on them and reconnect)."""
+        self.partitioned = False
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -62,6 +77,8 @@ class FreezingProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = _Link(writers=[writer])
+        if self.partitioned:
+            link.frozen.set()  # accepted, and held: nothing relayed either way
         try:
             up_reader, up_writer = await asyncio.open_connection(
                 self.upstream_host, self.upstream_port

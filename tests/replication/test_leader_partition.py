@@ -1,0 +1,120 @@
+"""A shard leader cut from etcd but not from its clients stops serving before another leads.
+
+Three replicas over the etcd log under the deposit load of `test_shard_failover.py`;
+the leader reaches etcd through a proxy of its own, the followers and the callers
+directly. The proxy cuts the leader's link (every connection frozen, and every new
+one: a partition, not a crash) while its clients still reach it. What the fencing
+story promises, seen from outside:
+
+- the cut leader answers no caller from the cut on: under load an append of its is
+  stuck behind the cut, and a read waits for the state it would show to be durable
+  (which it never is), until the replica stops serving and refuses it UNAVAILABLE;
+  idle, it would serve reads until unsure of its lease (a renewal etcd answered sent
+  over a TTL ago) and refuse them after. A reader asks it for an actor all along: no
+  answer comes from it after another replica is seen leading;
+- a follower leads a newer term once the lease expires, and the load goes on there;
+- healed, the old leader has ended or ends (crash-only), is started again as a
+  follower, and every acknowledged deposit is in the balances exactly
+  once, every replica at one position with one state hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.replication.replica_set import LEASE_TTL_S, ReplicaProcess, ReplicaSet, status_of
+from tests.replication.test_shard_failover import SERVE_AGAIN_S, _check, _finish, _started_load
+from tests.shard_service.shard_client import ShardClient
+from tests.shard_service.shard_process import aio_channel
+from tests.sharding.freezing_proxy import FreezingProxy
+
+pytestmark = pytest.mark.slow
+PROBE_S = 0.02
+ENDS_S = 3 * LEASE_TTL_S + 10.0  # it gives up on its lease, then its process ends
+ENDINGS = ("leadership.lost", "LogFencedError", "LogUnavailableError")
+
+
+class Observer:
+    """When the cut leader last answered a caller, and when another leader was first seen."""
+
+    def __init__(self, cut: ReplicaProcess, others: list[ReplicaProcess], term: int) -> None:
+        self.cut, self.others, self.term = cut, others, term
+        self.last_answer = 0.0
+        self.refusals: set[str] = set()
+        self.new_leader_seen = 0.0
+
+    async def run(self) -> None:
+        async with aio_channel(self.cut.address) as channel:
+            shard = ShardClient(channel)
+            while not self.new_leader_seen:
+                try:
+                    await shard.actor(1)
+                    self.last_answer = time.monotonic()
+                except grpc.aio.AioRpcError as error:
+                    self.refusals.add(f"{error.code().name}: {error.details()}"[:120])
+                for other in self.others:
+                    try:
+                        status = await asyncio.to_thread(status_of, other.address, 0.5)
+                    except grpc.RpcError:
+                        continue
+                    if status.leading and status.term > self.term:
+                        self.new_leader_seen = time.monotonic()
+                await asyncio.sleep(PROBE_S)
+
+
+async def test_a_leader_cut_from_etcd_stops_serving_before_another_leads(
+    tmp_path: Path, etcd_endpoints: tuple[str, ...]
+) -> None:
+    proxy = FreezingProxy(etcd_endpoints[0])
+    await proxy.start()
+    replicas = ReplicaSet(tmp_path, etcd_endpoints, 3)
+    cut, *others = replicas.replicas
+    cut.environment["OMS_ETCD_ENDPOINTS"] = proxy.endpoint
+    try:
+        # It starts alone, so it leads; then the followers.
+        cut.start()
+        await asyncio.to_thread(cut.wait_serving)
+        assert await asyncio.to_thread(replicas.wait_leader) is cut
+        for replica in others:
+            replica.start()
+        for replica in others:
+            await asyncio.to_thread(replica.wait_serving)
+        term = status_of(cut.address).term
+        link, load, running = await _started_load(replicas)
+        try:
+            await load.wait_successes(300)
+            observer = Observer(cut, others, term)
+            proxy.partition()
+            cut_at = time.monotonic()
+            await asyncio.wait_for(observer.run(), SERVE_AGAIN_S + 10.0)
+            await load.wait_successes(300, timeout_s=SERVE_AGAIN_S + 10.0)
+            print(
+                f"cut leader: last answer {observer.last_answer - cut_at:.2f} s after the cut,"
+                f" refusals {sorted(observer.refusals)}; a new leader seen"
+                f" {observer.new_leader_seen - cut_at:.2f} s after it"
+            )
+            assert observer.last_answer < observer.new_leader_seen, observer.__dict__
+            assert observer.refusals, "the cut leader never refused a caller"
+            proxy.heal()
+            # It ends (crash-only) once its lease is found gone or an append of its term
+            # fails, whichever comes first (an append in flight at the cut outlives its
+            # deadline).
+            deadline = time.monotonic() + ENDS_S
+            while cut.running():
+                assert time.monotonic() < deadline, cut.log_tail()
+                await asyncio.sleep(0.05)
+            tail = cut.log_tail(80)
+            assert any(reason in tail for reason in ENDINGS), tail
+            await asyncio.to_thread(cut.start_serving)
+            await load.wait_successes(300)
+        finally:
+            await _finish(link, load, running)
+        await _check(replicas, load)
+    finally:
+        await asyncio.to_thread(replicas.stop)
+        await proxy.close()
