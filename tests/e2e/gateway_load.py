@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import random
 import time
 from collections import Counter
@@ -85,6 +86,7 @@ class GatewayOrderLoad:
     duplicates_on_retry: int = 0  # retries answered with the original ack: applied before
     failures: Counter[str] = field(default_factory=Counter)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    accepted_at: list[float] = field(default_factory=list)  # monotonic, as each came
 
     @property
     def acknowledged(self) -> dict[str, PlacedOrder]:
@@ -105,6 +107,12 @@ class GatewayOrderLoad:
 
     async def wait_accepted(self, count: int, timeout_s: float = 30.0) -> None:
         await self._wait(lambda: len(self.acknowledged) >= count, f"{count} accepted", timeout_s)
+
+    def longest_pause_s(self, since: float) -> float:
+        """The longest wait for an accepted order from `since` on (monotonic): how long
+        the clients went without one across a fault."""
+        times = [since, *(t for t in self.accepted_at if t >= since)]
+        return max((later - earlier for earlier, later in itertools.pairwise(times)), default=0.0)
 
     async def wait_retries(self, count: int, timeout_s: float = 30.0) -> None:
         await self._wait(lambda: self.retries >= count, f"{count} retries", timeout_s)
@@ -149,6 +157,7 @@ class GatewayOrderLoad:
                     client.user_id, request.client_order_id, symbol, ack
                 )
                 if ack.accepted:
+                    self.accepted_at.append(time.monotonic())
                     resting.append((client, ack.order_id))
                 else:
                     self.refused.append(ack)

@@ -161,6 +161,7 @@ async def test_postgres_crashed_twice_under_load_loses_and_doubles_nothing(
     async def crashes() -> None:
         await load.wait_accepted(BEFORE_FAULT)
         for crash in (crash_immediately, crash_by_sigkill):
+            crashed_at = time.monotonic()
             await asyncio.to_thread(crash, data_dir)
             # Reap the crashed server (its pid, a zombie, would hold its socket's lock
             # file against the next start): the first is this process's child, the
@@ -170,11 +171,18 @@ async def test_postgres_crashed_twice_under_load_loses_and_doubles_nothing(
                 await asyncio.to_thread(server.reap)
             # Trading goes on while the persister's transactions fail.
             await load.wait_accepted(len(load.acknowledged) + DURING_FAULT, timeout_s=WAIT_S)
+            started_at = time.monotonic()
             restarted.append(await asyncio.to_thread(RestartedServer, durable_postgres))
+            recovery_s = time.monotonic() - started_at
             # A persister whose lock's connection broke stops (crash-only: another may
             # already write); its supervisor starts it again, as here.
             await asyncio.to_thread(restart_if_stopped, mesh.persister)
             await load.wait_accepted(len(load.acknowledged) + AFTER_FAULT, timeout_s=WAIT_S)
+            print(
+                f"{crash.__name__}: PostgreSQL down {started_at - crashed_at:.2f} s, its"
+                f" restart (crash recovery) {recovery_s:.2f} s, longest wait for an accepted"
+                f" order {load.longest_pause_s(crashed_at):.2f} s"
+            )  # shown with -s
 
     await run_load_until(load, crashes)
     await check_persister_met_the_crashes(mesh)

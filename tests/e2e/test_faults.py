@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -110,6 +111,7 @@ async def kill_and_restart(
             kills = 0
             while True:
                 kills += 1
+                killed_at = time.monotonic()
                 if bursting is None:
                     process.kill()
                 else:
@@ -117,7 +119,9 @@ async def kill_and_restart(
                     bursts.append(burst)
                     await burst.send(process.kill)
                 await while_down()
+                started_at = time.monotonic()
                 await asyncio.to_thread(process.start_serving)
+                recovery_s = time.monotonic() - started_at
                 if bursting is None:
                     break
                 await burst.retry()
@@ -125,6 +129,13 @@ async def kill_and_restart(
                 if burst.lost_answers_applied or kills == MAX_KILLS:
                     break
             await load.wait_accepted(len(load.acknowledged) + AFTER_FAULT)
+            # Shown with -s: the README's figures. The process is started again as soon
+            # as `while_down` saw what it waits for.
+            print(
+                f"{process.subcommand} killed: down {started_at - killed_at:.2f} s, started"
+                f" to serving {recovery_s:.2f} s, longest wait for an accepted order"
+                f" {load.longest_pause_s(killed_at):.2f} s"
+            )
 
     await run_load_until(load, fault)
     if bursts:

@@ -17,6 +17,7 @@ own durability; the shard's and matchers' logs are what this test cuts.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,8 +79,14 @@ async def test_a_power_cut_of_the_whole_mesh_loses_no_acknowledged_order(
     async def cuts() -> None:
         await load.wait_accepted(BEFORE_FAULT)
         for _ in range(POWER_CUTS):
+            cut_at = time.monotonic()
             await asyncio.to_thread(power_cut, mesh, disk)
+            serving_s = time.monotonic() - cut_at
             await load.wait_accepted(len(load.acknowledged) + AFTER_FAULT, timeout_s=60.0)
+            print(
+                f"power cut: every process serving again {serving_s:.2f} s after it, longest"
+                f" wait for an accepted order {load.longest_pause_s(cut_at):.2f} s"
+            )  # shown with -s
 
     await run_load_until(load, cuts)
     assert disk.cuts == POWER_CUTS
