@@ -68,6 +68,9 @@ class ServiceProcess:
         self.environment = dict(environment or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.incarnations = 0
+        # Run before the service's own command, which it then execs (a test's wrapper:
+        # `tests/partitions/nft_partition.py` puts the process in its cgroup first).
+        self.command_prefix: list[str] = []
         # How the test reaches it: plaintext, as the suite runs (`OMS_TLS=off`), unless a
         # test gives the process TLS settings and this the identity to match.
         self.transport = MeshTransport.plaintext()
@@ -96,6 +99,7 @@ class ServiceProcess:
             raise ServiceProcessError(f"{self.subcommand} pid {self.pid} still runs")
         environment = {**os.environ, **self.environment, "PYTHONPATH": str(ROOT)}
         command = [
+            *self.command_prefix,
             sys.executable,
             "-m",
             "services.command_line",

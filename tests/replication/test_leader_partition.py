@@ -1,10 +1,11 @@
 """A shard leader cut from etcd but not from its clients stops serving before another leads.
 
-Three replicas over the etcd log under the deposit load of `test_shard_failover.py`;
-the leader reaches etcd through a proxy of its own, the followers and the callers
-directly. The proxy cuts the leader's link (every connection frozen, and every new
-one: a partition, not a crash) while its clients still reach it. What the fencing
-story promises, seen from outside:
+Three replicas over the etcd log under the deposit load of `test_shard_failover.py`.
+The leader's link to etcd is cut while its clients still reach it (a partition, not a
+crash), two ways: through a proxy of its own that freezes every connection and every
+new one, and by the kernel (nftables drops the leader's packets to etcd's port: one
+way). The followers and the callers reach etcd directly. What the fencing story
+promises, seen from outside:
 
 - the cut leader answers no caller from the cut on: under load an append of its is
   stuck behind the cut, and a read waits for the state it would show to be durable
@@ -14,19 +15,22 @@ story promises, seen from outside:
   answer comes from it after another replica is seen leading;
 - a follower leads a newer term once the lease expires, and the load goes on there;
 - healed, the old leader has ended or ends (crash-only), is started again as a
-  follower, and every acknowledged deposit is in the balances exactly
-  once, every replica at one position with one state hash.
+  follower, and every acknowledged deposit is in the balances exactly once, every
+  replica at one position with one state hash.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
+from tests.partitions.nft_partition import LinkCut
+from tests.partitions.nft_partition import unavailable as nft_unavailable
 from tests.replication.replica_set import LEASE_TTL_S, ReplicaProcess, ReplicaSet, status_of
 from tests.replication.test_shard_failover import SERVE_AGAIN_S, _check, _finish, _started_load
 from tests.shard_service.shard_client import ShardClient
@@ -70,11 +74,36 @@ class Observer:
 async def test_a_leader_cut_from_etcd_stops_serving_before_another_leads(
     tmp_path: Path, etcd_endpoints: tuple[str, ...]
 ) -> None:
+    """The cut by a proxy that freezes the leader's connections to etcd, and new ones."""
     proxy = FreezingProxy(etcd_endpoints[0])
     await proxy.start()
     replicas = ReplicaSet(tmp_path, etcd_endpoints, 3)
+    replicas.replicas[0].environment["OMS_ETCD_ENDPOINTS"] = proxy.endpoint
+    try:
+        await leader_cut_and_healed(replicas, proxy.partition, proxy.heal)
+    finally:
+        await proxy.close()
+
+
+@pytest.mark.skipif(nft_unavailable() is not None, reason=f"partitions: {nft_unavailable()}")
+async def test_a_leader_cut_from_etcd_by_the_kernel_stops_serving_before_another_leads(
+    tmp_path: Path, etcd_endpoints: tuple[str, ...]
+) -> None:
+    """The cut by nftables: the leader's packets to etcd's port dropped (one-way: what
+    etcd sends still arrives, but nothing the leader sends does)."""
+    etcd_port = int(etcd_endpoints[0].rpartition(":")[2])
+    replicas = ReplicaSet(tmp_path, etcd_endpoints, 3)
+    with LinkCut([etcd_port]) as cut:
+        replicas.replicas[0].command_prefix = cut.command_prefix()
+        await leader_cut_and_healed(replicas, cut.drop, cut.heal)
+
+
+async def leader_cut_and_healed(
+    replicas: ReplicaSet, partition: Callable[[], None], heal: Callable[[], None]
+) -> None:
+    """Replica 0 leads; it is cut from etcd (`partition`) under the load, watched until
+    another leads, healed, and back as a follower; the checks of the module's docstring."""
     cut, *others = replicas.replicas
-    cut.environment["OMS_ETCD_ENDPOINTS"] = proxy.endpoint
     try:
         # It starts alone, so it leads; then the followers.
         cut.start()
@@ -89,7 +118,7 @@ async def test_a_leader_cut_from_etcd_stops_serving_before_another_leads(
         try:
             await load.wait_successes(300)
             observer = Observer(cut, others, term)
-            proxy.partition()
+            partition()
             cut_at = time.monotonic()
             await asyncio.wait_for(observer.run(), SERVE_AGAIN_S + 10.0)
             await load.wait_successes(300, timeout_s=SERVE_AGAIN_S + 10.0)
@@ -100,7 +129,7 @@ async def test_a_leader_cut_from_etcd_stops_serving_before_another_leads(
             )
             assert observer.last_answer < observer.new_leader_seen, observer.__dict__
             assert observer.refusals, "the cut leader never refused a caller"
-            proxy.heal()
+            heal()
             # It ends (crash-only) once its lease is found gone or an append of its term
             # fails, whichever comes first (an append in flight at the cut outlives its
             # deadline).
@@ -110,6 +139,7 @@ async def test_a_leader_cut_from_etcd_stops_serving_before_another_leads(
                 await asyncio.sleep(0.05)
             tail = cut.log_tail(80)
             assert any(reason in tail for reason in ENDINGS), tail
+            cut.command_prefix = []
             await asyncio.to_thread(cut.start_serving)
             await load.wait_successes(300)
         finally:
@@ -117,4 +147,3 @@ async def test_a_leader_cut_from_etcd_stops_serving_before_another_leads(
         await _check(replicas, load)
     finally:
         await asyncio.to_thread(replicas.stop)
-        await proxy.close()
