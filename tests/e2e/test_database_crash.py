@@ -201,10 +201,10 @@ async def check_persister_met_the_crashes(mesh: FullMesh) -> None:
     assert lost >= 1, lost
 
 
-def restart_if_stopped(process: ServiceProcess) -> None:
-    deadline = time.monotonic() + LOCK_CHECK_S
+def restart_if_stopped(process: ServiceProcess, wait_s: float = LOCK_CHECK_S) -> None:
+    """Start `process` again if it stops within `wait_s`, as its supervisor would."""
+    deadline = time.monotonic() + wait_s
     while process.running():
-        # It stops within its lock check's second; a live one keeps serving.
         if time.monotonic() > deadline:
             return
         time.sleep(0.05)
