@@ -36,10 +36,13 @@ ORDER BY f.symbol, f.trade_id, f.maker
 ORDERS = """
 SELECT o.order_id, o.user_id, o.client_order_id, o.symbol, o.side, o.order_type,
        o.quantity_lots, o.status, o.filled_lots, o.remaining_lots,
-       coalesce(f.lots, 0)::bigint AS fills_lots
+       coalesce(f.lots, 0)::bigint AS fills_lots, o.shard_id, o.updated_position
 FROM orders o
 LEFT JOIN (SELECT order_id, sum(quantity_lots) AS lots FROM fills GROUP BY order_id) f
     ON f.order_id = o.order_id
+"""
+CURSORS = """
+SELECT shard_id, position FROM persister_cursor
 """
 STORED_BALANCES = """
 SELECT user_id, asset, total FROM balances WHERE user_id = ANY($1::bigint[])
@@ -60,6 +63,9 @@ async def read_database(
     """Feed `audit` one snapshot of the database and finish it; `stored_users` (those no
     shard holds) are compared with their stored balances."""
     async with connection.transaction(isolation="repeatable_read", readonly=True):
+        audit.persister_cursors(
+            {row["shard_id"]: row["position"] for row in await connection.fetch(CURSORS)}
+        )
         async for row in connection.cursor(LEDGER, prefetch=PREFETCH_ROWS):
             audit.ledger_item(
                 LedgerItem(
@@ -115,6 +121,8 @@ async def read_database(
                     row["filled_lots"],
                     row["remaining_lots"],
                     row["fills_lots"],
+                    row["shard_id"],
+                    row["updated_position"],
                 ),
                 flat=flat,
             )

@@ -31,6 +31,8 @@ CHECKS: dict[str, str] = {
     " recomputation",
     "answered-balance": "a user's balance as the admin API answers differs from the recomputation",
     "answered-flat": "a user holds reservations or open orders where the mesh was said to be flat",
+    "written-past-cursor": "a row stamped with a log position past its shard's persister"
+    " cursor (a batch's rows and its cursor are committed together)",
     "acknowledged-order": "an acknowledged order is missing from PostgreSQL, or is there under"
     " another user or client order id",
 }

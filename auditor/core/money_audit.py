@@ -94,6 +94,23 @@ class MoneyAudit:
             list
         )
         self.expected: dict[int, dict[str, int]] = {}
+        self.cursors: dict[str, int] | None = None  # shard -> its persister's cursor
+
+    def persister_cursors(self, cursors: Mapping[str, int]) -> None:
+        """Each shard's `persister_cursor`: no row of that shard may be stamped past it.
+        Given before the rows."""
+        self.cursors = dict(cursors)
+
+    def _within_cursor(self, shard_id: str, position: int, subject: str) -> None:
+        if self.cursors is None:
+            return  # not told: not checked
+        cursor = self.cursors.get(shard_id, 0)
+        self.findings.checked(
+            position <= cursor,
+            "written-past-cursor",
+            subject,
+            f"{shard_id} position {position}, its cursor {cursor}",
+        )
 
     # --- the ledger -----------------------------------------------------------------
 
@@ -109,6 +126,7 @@ class MoneyAudit:
                 self._close_posting()
         self._posting.append(item)
         self.figures["ledger_rows"] += 1
+        self._within_cursor(item.shard_id, item.position, f"ledger {item.reference}")
         if item.account == USER:
             self.ledger_users[item.user_id][item.asset] += item.amount
         elif item.account != EXTERNAL:
@@ -149,6 +167,7 @@ class MoneyAudit:
         self._trade.append(row)
         self.figures["fills"] += 1
         subject = f"fill {row.order_id}#{row.trade_id}"
+        self._within_cursor(row.shard_id, row.position, subject)
         units = self.markets.get(row.symbol)
         if not self.findings.checked(units is not None, "fill-market", subject, row.symbol):
             return
@@ -225,6 +244,8 @@ class MoneyAudit:
         self.figures["orders"] += 1
         subject = row.order_id
         findings = self.findings
+        if row.shard_id:
+            self._within_cursor(row.shard_id, row.updated_position, subject)
         findings.checked(
             row.filled_lots == row.fills_lots,
             "order-fills",

@@ -106,6 +106,8 @@ class OrderRow:
     filled_lots: int
     remaining_lots: int
     fills_lots: int
+    shard_id: str = ""
+    updated_position: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,6 +122,7 @@ def book() -> Story:
     )
 
 
+CURSORS = {"s1": 5, "s2": 6}  # each shard's persister has written through its last row
 ALICE_HOLDS = {"USD": (699_400, 0), "XYZ": (30, 0)}
 BOB_HOLDS = {"USD": (200_000, 0), "XYZ": (70, 0)}
 ANSWERS = [UserAnswer(ALICE, True, ALICE_HOLDS, 0), UserAnswer(BOB, False, BOB_HOLDS, 0)]
@@ -144,8 +145,10 @@ def audit(
     acknowledged: Sequence[AcknowledgedOrder] = ACKNOWLEDGED,
     transfers: Sequence[AcknowledgedTransfer] = TRANSFERS,
     flat: bool = True,
+    cursors: dict[str, int] | None = None,
 ) -> AuditReport:
     money = MoneyAudit([XYZ], acknowledged_transfers=transfers)
+    money.persister_cursors(CURSORS if cursors is None else cursors)
     for item in story.ledger:
         money.ledger_item(item)
     for fill in story.fills:
@@ -298,7 +301,9 @@ def test_acknowledged_orders_and_transfers_must_be_there_once() -> None:
 def test_a_withdrawal_beyond_the_balance_is_negative() -> None:
     story = book()
     story.ledger += ledger("s2", 9, "wd-b2", (BOB, "user", "XYZ", -71), (0, "external", "XYZ", 71))
-    report = audit(story, stored={BOB: {"USD": 200_000}}, answers=[ANSWERS[0]])
+    report = audit(
+        story, stored={BOB: {"USD": 200_000}}, answers=[ANSWERS[0]], cursors={"s1": 5, "s2": 9}
+    )
     assert violated(report) == {"balance-negative", "stored-balance"}
 
 
@@ -316,3 +321,10 @@ def test_examples_are_bounded_and_counts_are_not() -> None:
     report = money.report()
     assert report.counts["posting-balanced"] == 1000
     assert len([f for f in report.examples if f.check == "posting-balanced"]) == EXAMPLES_PER_CHECK
+
+
+def test_a_row_past_its_shards_cursor() -> None:
+    # s2's persister says it wrote through 5, but its withdrawal row is at 6.
+    report = audit(book(), cursors={"s1": 5, "s2": 5})
+    assert violated(report) == {"written-past-cursor"}
+    assert report.counts["written-past-cursor"] == 2  # the posting's two rows
