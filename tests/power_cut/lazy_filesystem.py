@@ -38,37 +38,50 @@ class LazyFilesystem(mfusepy.Operations):  # type: ignore[misc]  # mfusepy has n
 
     def __init__(self, backing: Path) -> None:
         self.backing = backing
-        self.unsynced: dict[str, bytearray] = {}  # path -> the file's whole content
+        # A file once written: its whole content as this filesystem shows it (the page
+        # cache), and the byte ranges of it not yet synced to the backing file. The cache
+        # stays after a sync, so a log synced at every append is not read back each time.
+        self.cache: dict[str, bytearray] = {}
+        self.dirty: dict[str, list[tuple[int, int]]] = {}  # path -> [(start, end)]
+        self.resized: set[str] = set()  # paths whose size changed since their last sync
         self.handles: dict[int, tuple[str, bool]] = {}  # handle -> (path, writes sync)
         self.next_handle = 1
-        self.synced_writes = 0
-        self.lazy_writes = 0
 
     def _real(self, path: str) -> str:
         return os.path.join(self.backing, path.lstrip("/"))
 
     def _content(self, path: str) -> bytearray:
-        """The file's unsynced content, loaded from the backing file on first change."""
-        content = self.unsynced.get(path)
+        """The file's content, read from the backing file once."""
+        content = self.cache.get(path)
         if content is None:
             content = bytearray(Path(self._real(path)).read_bytes())
-            self.unsynced[path] = content
+            self.cache[path] = content
         return content
 
     def _sync(self, path: str) -> None:
-        content = self.unsynced.pop(path, None)
-        if content is None:
+        """What of `path` is not on the backing file yet goes there, and is synced."""
+        ranges = self.dirty.pop(path, None)
+        resized = path in self.resized
+        self.resized.discard(path)
+        if ranges is None and not resized:
             return
+        content = self.cache[path]
         descriptor = os.open(self._real(path), os.O_WRONLY)
         try:
-            view = memoryview(content)
-            offset = 0
-            while offset < len(view):
-                offset += os.pwrite(descriptor, view[offset:], offset)
+            for start, end in sorted(ranges or ()):
+                view = memoryview(content)[start : min(end, len(content))]
+                written = 0
+                while written < len(view):
+                    written += os.pwrite(descriptor, view[written:], start + written)
             os.ftruncate(descriptor, len(content))
-            os.fsync(descriptor)
+            os.fdatasync(descriptor)
         finally:
             os.close(descriptor)
+
+    def _forget(self, path: str) -> None:
+        self.cache.pop(path, None)
+        self.dirty.pop(path, None)
+        self.resized.discard(path)
 
     def _handle(self, path: str, flags: int) -> int:
         handle = self.next_handle
@@ -86,7 +99,7 @@ class LazyFilesystem(mfusepy.Operations):  # type: ignore[misc]  # mfusepy has n
         attributes: dict[str, Any] = {name: getattr(stat, name) for name in STAT_FIELDS}
         for name in TIME_FIELDS:
             attributes[name] = getattr(stat, name + "_ns")
-        content = self.unsynced.get(path)
+        content = self.cache.get(path)
         if content is not None:
             attributes["st_size"] = len(content)
         return attributes
@@ -120,14 +133,18 @@ class LazyFilesystem(mfusepy.Operations):  # type: ignore[misc]  # mfusepy has n
 
     def unlink(self, path: str) -> None:
         os.unlink(self._real(path))
-        self.unsynced.pop(path, None)
+        self._forget(path)
 
     def rename(self, old: str, new: str) -> None:
         os.rename(self._real(old), self._real(new))
-        content = self.unsynced.pop(old, None)
-        self.unsynced.pop(new, None)
-        if content is not None:
-            self.unsynced[new] = content
+        self._forget(new)
+        if old in self.cache:
+            self.cache[new] = self.cache.pop(old)
+        if old in self.dirty:
+            self.dirty[new] = self.dirty.pop(old)
+        if old in self.resized:
+            self.resized.discard(old)
+            self.resized.add(new)
 
     def chmod(self, path: str, mode: int) -> None:
         os.chmod(self._real(path), mode)
@@ -161,7 +178,7 @@ class LazyFilesystem(mfusepy.Operations):  # type: ignore[misc]  # mfusepy has n
         pass
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        content = self.unsynced.get(path)
+        content = self.cache.get(path)
         if content is not None:
             return bytes(content[offset : offset + size])
         descriptor = os.open(self._real(path), os.O_RDONLY)
@@ -172,8 +189,8 @@ class LazyFilesystem(mfusepy.Operations):  # type: ignore[misc]  # mfusepy has n
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         _, synchronous = self.handles.get(fh, (path, False))
-        if synchronous and path not in self.unsynced:
-            # O_DSYNC onto a clean file: straight through, costing only this write.
+        if synchronous and path not in self.cache:
+            # O_DSYNC onto a file never cached: straight through, costing only this write.
             descriptor = os.open(self._real(path), os.O_WRONLY)
             try:
                 written = 0
@@ -182,18 +199,16 @@ class LazyFilesystem(mfusepy.Operations):  # type: ignore[misc]  # mfusepy has n
                 os.fdatasync(descriptor)
             finally:
                 os.close(descriptor)
-            self.synced_writes += 1
             return len(data)
         content = self._content(path)
         end = offset + len(data)
         if end > len(content):
             content.extend(bytes(end - len(content)))
+            self.resized.add(path)
         content[offset:end] = data
+        self.dirty.setdefault(path, []).append((offset, end))
         if synchronous:
             self._sync(path)  # this write and the file's earlier unsynced ones, durable
-            self.synced_writes += 1
-        else:
-            self.lazy_writes += 1
         return len(data)
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> None:
@@ -202,6 +217,7 @@ class LazyFilesystem(mfusepy.Operations):  # type: ignore[misc]  # mfusepy has n
             del content[length:]
         else:
             content.extend(bytes(length - len(content)))
+        self.resized.add(path)
 
     def fallocate(self, path: str, mode: int, offset: int, size: int, fh: int) -> None:
         if mode:
@@ -209,6 +225,7 @@ class LazyFilesystem(mfusepy.Operations):  # type: ignore[misc]  # mfusepy has n
         content = self._content(path)
         if offset + size > len(content):
             content.extend(bytes(offset + size - len(content)))
+            self.resized.add(path)
 
     def fsync(self, path: str, datasync: int, fh: int) -> None:
         self._sync(path)
