@@ -52,6 +52,10 @@ def translate(error: BaseException) -> StoreError | WriterFencedError:
         error,
         asyncpg.PostgresConnectionError
         | asyncpg.InterfaceError
+        # A connection whose protocol a broken call left mid-operation ("another
+        # operation is in progress"): seen after a server crash; the session that met
+        # it is ended (`_ending_broken`), so a retry gets a fresh one.
+        | asyncpg.InternalClientError
         | asyncpg.exceptions.OperatorInterventionError
         | asyncpg.exceptions.InsufficientResourcesError
         | asyncpg.exceptions.TransactionRollbackError
@@ -62,7 +66,13 @@ def translate(error: BaseException) -> StoreError | WriterFencedError:
     return StoreError(message)
 
 
-_TRANSLATED = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_TRANSLATED = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 
 
 @contextlib.contextmanager
@@ -152,6 +162,35 @@ async def _keep_session_as_it_is(connection: asyncpg.Connection) -> None:
     asyncpg still ends a transaction left open before this runs."""
 
 
+# Failures of the connection itself, not of a statement the server refused (a
+# serialization failure, say, leaves a connection as good as it was).
+_CONNECTION_FAILURES = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    asyncpg.exceptions.OperatorInterventionError,
+    OSError,
+    TimeoutError,
+)
+
+
+@contextlib.asynccontextmanager
+async def _ending_broken(connection: Any) -> AsyncIterator[None]:
+    """A connection that failed as a connection (not a statement the server refused)
+    is closed before the pool takes it back: the pool would otherwise lend it again,
+    and after a server crash asyncpg was seen to lend one still mid-call."""
+    try:
+        yield
+    except BaseException as error:
+        cause: BaseException | None = error
+        while cause is not None:  # the original error, under our translation of it
+            if isinstance(cause, _CONNECTION_FAILURES):
+                connection.terminate()
+                break
+            cause = cause.__cause__
+        raise
+
+
 class Store:
     def __init__(self, pool: Any) -> None:
         self._pool = pool
@@ -192,7 +231,7 @@ class Store:
     async def session(self) -> AsyncIterator[Session]:
         """A connection without an explicit transaction (each statement commits)."""
         with _translated():
-            async with self._pool.acquire() as connection:
+            async with self._pool.acquire() as connection, _ending_broken(connection):
                 yield Session(connection, self.counts)
 
     async def one_statement(self, sql: str, *arguments: Any) -> Row | None:
@@ -208,7 +247,11 @@ class Store:
         with _translated():
             self.counts.transactions += 1
             self.counts.round_trips += 2  # BEGIN, then COMMIT or ROLLBACK
-            async with self._pool.acquire() as connection, connection.transaction():
+            async with (
+                self._pool.acquire() as connection,
+                _ending_broken(connection),
+                connection.transaction(),
+            ):
                 session = Session(connection, self.counts)
                 if self.fence is not None:
                     await self.fence.check(session)
