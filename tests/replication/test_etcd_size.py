@@ -77,14 +77,18 @@ async def test_etcd_stays_flat_over_a_long_run(own_etcd: EmbeddedEtcd, tmp_path:
         assert max(sample.log_keys for sample in samples) < 400, samples
         # History: the store's revision grew all along (the load was written) ...
         assert samples[-1].revision > 2 * samples[SAMPLES // 3].revision, samples
-        # ... yet the pages in use over the last third are about what they were over
-        # the second (the first holds the warm-up; between two truncations they swing
-        # by a snapshot interval's records), and the file stops growing.
+        # ... yet the pages in use over the last third are about what they were before
+        # (after the first sample, the warm-up), and the file stops growing. Between two
+        # truncations the pages in use swing by a snapshot interval's records (110 to
+        # 307 KB in one run): compared with the highest of the seven samples before, not
+        # of four, whose highest can fall in a trough of the swing (a fresh-clone run
+        # saw 307 KB last against 197 KB over the second third, the file flat at 332 KB).
         second = samples[SAMPLES // 3 : 2 * SAMPLES // 3]
+        before = samples[1 : 2 * SAMPLES // 3]
         last = samples[2 * SAMPLES // 3 :]
-        in_use_second = max(sample.db_in_use_bytes for sample in second)
+        in_use_before = max(sample.db_in_use_bytes for sample in before)
         in_use_last = max(sample.db_in_use_bytes for sample in last)
-        assert in_use_last <= in_use_second * 1.5, samples
+        assert in_use_last <= in_use_before * 1.5, samples
         assert last[-1].db_size_bytes <= second[-1].db_size_bytes * 1.25, samples
         assert counters["compactions"] > 0 and counters["truncated_through"] > 0, counters
         await _check(replicas, load)
