@@ -2,10 +2,10 @@
 
 Three replicas over the etcd log under the deposit load of `test_shard_failover.py`.
 The leader's link to etcd is cut while its clients still reach it (a partition, not a
-crash), two ways: through a proxy of its own that freezes every connection and every
-new one, and by the kernel (nftables drops the leader's packets to etcd's port: one
-way). The followers and the callers reach etcd directly. What the fencing story
-promises, seen from outside:
+crash): by the kernel where the test may (nftables drops the leader's packets to
+etcd's port: one way), else through a proxy of its own that freezes every
+connection and every new one. The followers and the callers reach etcd directly.
+What the fencing story promises, seen from outside:
 
 - the cut leader answers no caller from the cut on: under load an append of its is
   stuck behind the cut, and a read waits for the state it would show to be durable
@@ -74,28 +74,23 @@ class Observer:
 async def test_a_leader_cut_from_etcd_stops_serving_before_another_leads(
     tmp_path: Path, etcd_endpoints: tuple[str, ...]
 ) -> None:
-    """The cut by a proxy that freezes the leader's connections to etcd, and new ones."""
+    """By the kernel where it can (nftables drops the leader's packets to etcd's port:
+    one way), else by a proxy that freezes its connections to etcd and every new one."""
+    replicas = ReplicaSet(tmp_path, etcd_endpoints, 3)
+    if nft_unavailable() is None:
+        etcd_port = int(etcd_endpoints[0].rpartition(":")[2])
+        with LinkCut([etcd_port]) as cut:
+            replicas.replicas[0].command_prefix = cut.command_prefix()
+            await leader_cut_and_healed(replicas, cut.drop, cut.heal)
+        return
+    print(f"cut by a proxy: {nft_unavailable()}")
     proxy = FreezingProxy(etcd_endpoints[0])
     await proxy.start()
-    replicas = ReplicaSet(tmp_path, etcd_endpoints, 3)
     replicas.replicas[0].environment["OMS_ETCD_ENDPOINTS"] = proxy.endpoint
     try:
         await leader_cut_and_healed(replicas, proxy.partition, proxy.heal)
     finally:
         await proxy.close()
-
-
-@pytest.mark.skipif(nft_unavailable() is not None, reason=f"partitions: {nft_unavailable()}")
-async def test_a_leader_cut_from_etcd_by_the_kernel_stops_serving_before_another_leads(
-    tmp_path: Path, etcd_endpoints: tuple[str, ...]
-) -> None:
-    """The cut by nftables: the leader's packets to etcd's port dropped (one-way: what
-    etcd sends still arrives, but nothing the leader sends does)."""
-    etcd_port = int(etcd_endpoints[0].rpartition(":")[2])
-    replicas = ReplicaSet(tmp_path, etcd_endpoints, 3)
-    with LinkCut([etcd_port]) as cut:
-        replicas.replicas[0].command_prefix = cut.command_prefix()
-        await leader_cut_and_healed(replicas, cut.drop, cut.heal)
 
 
 async def leader_cut_and_healed(
