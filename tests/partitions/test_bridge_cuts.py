@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -33,16 +32,6 @@ pytestmark = [
 ]
 CUT_S = 4.0
 WAIT_S = 60.0
-
-
-@pytest.fixture
-def mesh(tmp_path: Path, database_url: str) -> Iterator[FullMesh]:
-    mesh = FullMesh.create(tmp_path / "mesh", database_url)
-    try:
-        mesh.start()
-        yield mesh
-    finally:
-        mesh.stop()
 
 
 async def sagas_in_flight(mesh: FullMesh) -> int:

@@ -29,7 +29,7 @@ from protos.oms.v1 import common_pb2, gateway_pb2
 from tests.e2e.gateway_load import PlacedOrder
 from tests.e2e.independent_audit import audit_from_outside, cancel_everything
 from tests.e2e.invariants import check_full_mesh
-from tests.full_mesh import FullMesh
+from tests.full_mesh import FullMesh, running_mesh
 from tests.gateway.accounts import BTC, open_account
 from tests.partitions.nft_partition import LinkCut, unavailable
 
@@ -45,16 +45,10 @@ RETRYABLE = ("UNAVAILABLE", "TIMEOUT")
 
 @pytest.fixture
 def mesh(tmp_path: Path, database_url: str) -> Iterator[FullMesh]:
-    mesh = FullMesh.create(
-        tmp_path / "mesh",
-        database_url,
-        gateway_environment={"OMS_GATEWAY_REQUEST_DEADLINE_MS": str(int(DEADLINE_S * 1000))},
-    )
-    try:
-        mesh.start()
+    """The conftest's mesh, its gateway's deadline short."""
+    deadline = {"OMS_GATEWAY_REQUEST_DEADLINE_MS": str(int(DEADLINE_S * 1000))}
+    with running_mesh(tmp_path / "mesh", database_url, gateway_environment=deadline) as mesh:
         yield mesh
-    finally:
-        mesh.stop()
 
 
 def bid(client: OmsClient, client_order_id: str) -> gateway_pb2.PlaceOrderRequest:

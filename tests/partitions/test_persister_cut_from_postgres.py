@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -37,16 +35,6 @@ pytestmark = [
 ]
 CUT_S = 5.0  # past the persister's lock check (every second) several times
 WAIT_S = 60.0
-
-
-@pytest.fixture
-def mesh(tmp_path: Path, database_url: str) -> Iterator[FullMesh]:
-    mesh = FullMesh.create(tmp_path / "mesh", database_url)
-    try:
-        mesh.start()
-        yield mesh
-    finally:
-        mesh.stop()
 
 
 async def test_a_persister_cut_from_postgres_loses_and_doubles_nothing(mesh: FullMesh) -> None:
