@@ -108,11 +108,13 @@ def crash_by_sigkill(data_dir: Path) -> None:
     """SIGKILL the postmaster and every backend, as the OOM killer or a power cut would."""
     pid = recorded_pid(data_dir)
     assert pid is not None, "no postmaster recorded"
-    for victim in [pid, *children(pid)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(victim, signal.SIGKILL)
+    # Held before the kill: its parent (the restarter) reaps it at once, and a pid
+    # reaped cannot be opened any more.
     descriptor = os.pidfd_open(pid)
     try:
+        for victim in [pid, *children(pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
         select.select([descriptor], [], [], STOP_S)
     finally:
         os.close(descriptor)
