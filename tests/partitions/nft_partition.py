@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from tests.service_process import ServiceProcess
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")  # nft names a cgroup by its path below this
 _cuts = itertools.count(1)
 
@@ -87,6 +89,13 @@ class LinkCut:
         """A command that joins the cgroup, then execs the rest of its arguments (its
         children are born in the cgroup too)."""
         return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup / "cgroup.procs")]
+
+    def restart_inside(self, process: ServiceProcess) -> None:
+        """`process` killed and started again in the cut's cgroup, serving (a running
+        service's sockets stay in the cgroup they were made in)."""
+        process.kill()
+        process.command_prefix = self.command_prefix()
+        process.start_serving()
 
     def drop(self) -> None:
         path = str(self.cgroup.relative_to(CGROUP_ROOT))

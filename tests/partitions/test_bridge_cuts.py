@@ -55,9 +55,7 @@ async def test_a_bridge_cut_from_its_peer_loses_and_doubles_nothing(
         accounts = await load_accounts(admin, LOAD_USERS)
     load = GatewayOrderLoad(mesh.gateway.address, accounts, seed=29)
     with LinkCut([port_of(target(mesh))]) as cut:
-        mesh.bridge.kill()
-        mesh.bridge.command_prefix = cut.command_prefix()
-        await asyncio.to_thread(mesh.bridge.start_serving)
+        await asyncio.to_thread(cut.restart_inside, mesh.bridge)
 
         async def partition() -> None:
             await load.wait_accepted(BEFORE_FAULT)

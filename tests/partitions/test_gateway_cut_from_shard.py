@@ -66,9 +66,7 @@ async def test_a_gateway_cut_from_its_shard_answers_within_its_deadline(mesh: Fu
         assert before.accepted, before
         with LinkCut([shard_port]) as cut:
             # The gateway again, in the cut's cgroup (its sockets will be), then cut.
-            mesh.gateway.kill()
-            mesh.gateway.command_prefix = cut.command_prefix()
-            await asyncio.to_thread(mesh.gateway.start_serving)
+            await asyncio.to_thread(cut.restart_inside, mesh.gateway)
             await until_placed(client, [bid(client, "restarted")])
             cut.drop()
             started = time.monotonic()

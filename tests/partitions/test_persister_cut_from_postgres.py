@@ -44,9 +44,7 @@ async def test_a_persister_cut_from_postgres_loses_and_doubles_nothing(mesh: Ful
         accounts = await load_accounts(admin, LOAD_USERS)
     load = GatewayOrderLoad(mesh.gateway.address, accounts, seed=23)
     with LinkCut([port]) as cut:
-        mesh.persister.kill()
-        mesh.persister.command_prefix = cut.command_prefix()
-        await asyncio.to_thread(mesh.persister.start_serving)
+        await asyncio.to_thread(cut.restart_inside, mesh.persister)
 
         async def partition() -> None:
             await load.wait_accepted(BEFORE_FAULT)
