@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bridge.event_commands import event_commands
 from bridge.statistics import BridgeStatistics
 from protos.oms.v1 import matcher_pb2, shard_pb2
 from services.clients.shard_link import MAX_COMMANDS_PER_BATCH, ShardLink
-
-FIELD_OVERHEAD_BYTES = 8  # tag and length of an event, of a command, of the group name
 
 
 class EventDelivery:
@@ -38,20 +37,7 @@ class EventDelivery:
         self, group: str, events: Sequence[matcher_pb2.MatcherEvent]
     ) -> list[shard_pb2.ShardCommand]:
         """`events` as MatcherEvents commands of at most `command_bytes` each (one at least)."""
-        commands: list[shard_pb2.ShardCommand] = []
-        budget = self.command_bytes - len(group) - 2 * FIELD_OVERHEAD_BYTES
-        current: list[matcher_pb2.MatcherEvent] = []
-        used = 0
-        for event in events:
-            size = event.ByteSize() + FIELD_OVERHEAD_BYTES
-            if current and used + size > budget:
-                commands.append(_command(group, current))
-                current, used = [], 0
-            current.append(event)
-            used += size
-        if current:
-            commands.append(_command(group, current))
-        return commands
+        return event_commands(group, events, self.command_bytes)
 
     async def deliver(self, group: str, events: Sequence[matcher_pb2.MatcherEvent]) -> None:
         if not events:
@@ -59,10 +45,3 @@ class EventDelivery:
         await self.link.send(self.commands(group, events))
         self.statistics.counters.events_delivered += len(events)
         self.statistics.last_delivered[group] = events[-1].sequence
-
-
-def _command(group: str, events: list[matcher_pb2.MatcherEvent]) -> shard_pb2.ShardCommand:
-    command = shard_pb2.ShardCommand()
-    command.matcher_events.matcher_group = group
-    command.matcher_events.events.extend(events)
-    return command

@@ -29,8 +29,9 @@ import structlog
 from bridge.backoff import Backoff
 from bridge.event_delivery import EventDelivery
 from bridge.order_traces import OrderTraces
+from bridge.saga_commands import Work, add_command, saga_work
 from bridge.statistics import BridgeStatistics
-from bridge.work_queue import Work, WorkQueue, add_command, saga_work
+from bridge.work_queue import WorkQueue
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
 from services.clients.channels import group_channel
 from services.clients.matcher_results import EXCEPTIONS_ONLY_METADATA

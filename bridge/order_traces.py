@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext
 
+from bridge.saga_commands import CancelWork, Work, add_command
 from bridge.statistics import BridgeStatistics
-from bridge.work_queue import CancelWork, Work, add_command
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc
 from services.coordination.writer_tokens import WriterCredential
 from services.observability.tracing import context_of, metadata_for, tracer

@@ -8,8 +8,8 @@ import grpc
 import structlog
 
 from bridge.matcher_streams import MatcherLane
+from bridge.saga_commands import Work, saga_work
 from bridge.statistics import BridgeStatistics
-from bridge.work_queue import Work, saga_work
 from protos.oms.v1 import shard_pb2, shard_pb2_grpc
 
 log = structlog.get_logger(__name__)

@@ -6,8 +6,9 @@ import asyncio
 
 from bridge.event_delivery import EventDelivery
 from bridge.matcher_streams import oldest_retained
+from bridge.saga_commands import Work, add_command, saga_work
 from bridge.statistics import BridgeStatistics
-from bridge.work_queue import Work, WorkQueue, add_command, saga_work
+from bridge.work_queue import WorkQueue
 from protos.oms.v1 import matcher_pb2, shard_pb2
 from services.clients.shard_link import MAX_COMMANDS_PER_BATCH, ShardLink
 
