@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from protos.oms.v1 import shard_pb2
+from protos.oms.v1 import common_pb2, shard_pb2
+from services.matcher.core.codec import spec_from_order
+from services.matcher.core.validation import field_reject_reason
 from services.shard.core.codec import (
     decode_command,
     egress_to_protobufs,
@@ -13,7 +15,7 @@ from services.shard.core.codec import (
     user_state_from_protobuf,
     user_state_to_protobuf,
 )
-from services.shard.core.commands import Command, MalformedCommand, ReconciledOrder
+from services.shard.core.commands import Command, MalformedCommand, PlaceOrder, ReconciledOrder
 from services.shard.core.egress import (
     BeginDehydrate,
     CancelToMatcher,
@@ -29,7 +31,7 @@ from services.shard.core.egress import (
 )
 from services.shard.core.risk import RiskLimits
 from services.shard.core.user_state import PositionState, RecentResult, UserState
-from services.shard.core.vocabulary import EventKind
+from services.shard.core.vocabulary import BUY, LIMIT, MARKET, EventKind
 from tests.shard.support import ShardDriver, of_type
 
 STATE = UserState(
@@ -194,3 +196,18 @@ def test_an_oversized_trace_parent_is_malformed_and_changes_nothing() -> None:
     (result,) = of_type(egress, ShardResult)
     assert not result.accepted and not of_type(egress, SubmitToMatcher)
     assert driver.machine.state_hash() == before
+
+
+def test_a_limit_order_without_a_time_in_force_reaches_the_matcher_as_gtc() -> None:
+    """Found by `oms sim`: the shard admits such an order as GTC (vocabulary), but sent
+    it on unspecified, and the matcher refused it INVALID_ORDER after the client's ack."""
+    limit = PlaceOrder(1, 7, "c1", "BTC-USDT", BUY, LIMIT, 0, 100, 2, 0, 0, 0, 0)
+    [message] = egress_to_protobufs(SubmitToMatcher("g1", "s1:7:1", limit), 5, 10)
+    order = message.submit.order
+    assert order.time_in_force == common_pb2.TIME_IN_FORCE_GTC
+    assert field_reject_reason(spec_from_order(order)) == 0
+    # A market order keeps it unspecified: the matcher takes that (or IOC) for markets.
+    market = PlaceOrder(2, 7, "c2", "BTC-USDT", BUY, MARKET, 0, 0, 0, 5_000, 0, 0, 0)
+    [message] = egress_to_protobufs(SubmitToMatcher("g1", "s1:7:2", market), 6, 10)
+    assert message.submit.order.time_in_force == common_pb2.TIME_IN_FORCE_UNSPECIFIED
+    assert field_reject_reason(spec_from_order(message.submit.order)) == 0

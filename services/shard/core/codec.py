@@ -54,7 +54,7 @@ from services.shard.core.egress import (
 from services.shard.core.errors import MalformedCommandError
 from services.shard.core.risk import RiskLimits
 from services.shard.core.user_state import PositionState, RecentResult, UserState
-from services.shard.core.vocabulary import EventKind
+from services.shard.core.vocabulary import LIMIT, EventKind, TimeInForce
 
 MAX_COMMANDS_PER_BATCH = 100_000
 MAX_TRACE_PARENT_CHARS = 64  # a W3C traceparent is 55
@@ -76,6 +76,8 @@ _CANCELLED = int(EventKind.CANCELLED)
 _EXPIRED = int(EventKind.EXPIRED)
 _make_place = PlaceOrder._make
 _make_event = MatcherEvent._make
+
+_GTC = int(TimeInForce.GTC)
 
 
 # --- inbound ----------------------------------------------------------------------------
@@ -333,7 +335,12 @@ def egress_to_protobuf(
         o.symbol = request.symbol
         o.side = _Side(request.side)
         o.order_type = _OrderType(request.order_type)
-        o.time_in_force = _TimeInForce(request.time_in_force)
+        time_in_force = request.time_in_force
+        if not time_in_force and request.order_type == LIMIT:
+            # The shard admits a limit order without a time in force as GTC (vocabulary);
+            # the matcher takes only an explicit one, and refused it INVALID_ORDER.
+            time_in_force = _GTC
+        o.time_in_force = _TimeInForce(time_in_force)
         o.price_ticks = request.price_ticks
         o.quantity_lots = request.quantity_lots
         o.quote_amount = request.quote_amount
