@@ -80,7 +80,7 @@ lint: install protocheck
 	$(BIN)/ruff format --check . protos/etcd/strip_options.py
 	$(BIN)/python protos/etcd/strip_options.py --check
 	$(BIN)/lint-imports
-	$(BIN)/mypy services gateway bridge persister k8s auditor tests protos/etcd/strip_options.py
+	$(BIN)/mypy services gateway bridge persister k8s auditor simulation tests protos/etcd/strip_options.py
 
 pytest: install
 	$(BIN)/pytest -q

@@ -25,6 +25,8 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("demo", "services.mesh.demo"),
     ("status", "services.mesh.status_command"),
     ("audit", "auditor.command"),
+    ("sim", "simulation.command"),
+    ("chaos", "simulation.chaos_command"),
     ("bench", "services.bench.command"),
     ("gateway", "gateway.command"),
     ("client", "gateway.client_command"),

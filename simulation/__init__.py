@@ -1,0 +1,1 @@
+"""`oms sim`: the whole mesh in one process, one seed, simulated time (see `core/world.py`)."""

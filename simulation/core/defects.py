@@ -1,0 +1,27 @@
+"""Defects a run can plant on purpose, to show that the simulation catches them.
+
+Each is a one-line departure from a rule the real services keep; a simulation that
+passes with one planted is too weak to trust. `tests/simulation/` requires each to
+be found (and shrunk) within a fixed set of seeds.
+"""
+
+from __future__ import annotations
+
+# The persister takes a commit of unknown outcome as committed, without reading the
+# cursor back: a batch that was not written is skipped (rows lost).
+PERSISTER_TRUSTS_UNKNOWN = "persister-trusts-unknown"
+# A replica restores the newest snapshot file without checking its checksum.
+UNCHECKED_SNAPSHOTS = "unchecked-snapshots"
+# The leader applies a record and releases its egress before its fenced append: a
+# zombie leader acknowledges orders the log never gets.
+ACK_BEFORE_APPEND = "ack-before-append"
+# The bridge does not re-drive the sagas in flight when it reconnects (GetInFlight
+# ignored): orders sent to a leader that died are never matched nor released.
+BRIDGE_FORGETS_IN_FLIGHT = "bridge-forgets-in-flight"
+
+DEFECTS: tuple[str, ...] = (
+    ACK_BEFORE_APPEND,
+    BRIDGE_FORGETS_IN_FLIGHT,
+    PERSISTER_TRUSTS_UNKNOWN,
+    UNCHECKED_SNAPSHOTS,
+)

@@ -1,0 +1,376 @@
+"""One replica of a shard or matcher group: the real `Replica` over the simulated etcd log.
+
+It does what `services/runtime/replicated_host.py` does, step by step:
+- a replica boots from its newest valid snapshot, then follows the log in etcd,
+  applying every record (checksummed `LogBatch` bytes) through the real `Replica`,
+  which checks the leader's state hashes at CHECKPOINT entries;
+- when the group has no leader it campaigns; the winner reads the log to its end and
+  only then leads: it batches the commands it was sent, adds TIMER entries on its
+  clock and CHECKPOINT entries for the hashes it recorded, appends the record
+  fenced by its term, and only then applies it and releases its egress;
+- a leader whose append is fenced or whose lease is gone stops at once and starts
+  again as a follower (crash-only), losing what it had not appended;
+- every few records it writes a snapshot, and the leader truncates the log behind
+  the oldest snapshot any live replica still keeps; a replica whose position was
+  truncated installs a peer's snapshot.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from protos.oms.v1 import matcher_pb2, shard_pb2
+from services.matcher.core.machine import MatcherMachine
+from services.runtime.core.log_batch import (
+    LogBatch,
+    decode_batch_at,
+    encode_batch,
+    encode_checkpoint,
+)
+from services.runtime.core.replica import Replica, ReplicaInvariantError
+from services.runtime.core.state_machine import EntryKind
+from services.shard.core.egress import Egress, ShardResult
+from services.shard.core.errors import ShardInvariantError
+from services.shard.core.shard_machine import ShardMachine
+from simulation.core.defects import ACK_BEFORE_APPEND, UNCHECKED_SNAPSHOTS
+from simulation.core.etcd_model import LogCompacted
+from simulation.core.replica_disk import ReplicaDisk
+
+if TYPE_CHECKING:
+    from simulation.core.world import SimWorld
+
+TICK_MS = 2  # a leader batches what arrived within this
+FOLLOWER_TICK_MS = 5  # a follower's watch: records arrive at most this late
+LEASE_TTL_MS = 1_000
+TIMER_INTERVAL_MS = 100
+CHECKPOINT_INTERVAL_ENTRIES = 16
+SNAPSHOT_SYNC_DELAY_MS = 20
+COMMANDS_PER_ENTRY = 64
+ENTRIES_PER_RECORD = 8
+RECORDS_PER_READ = 32
+RETAINED_EGRESS_RECORDS = 5_000
+
+_COMMAND = int(EntryKind.COMMAND)
+_TIMER = int(EntryKind.TIMER)
+_CHECKPOINT = int(EntryKind.CHECKPOINT)
+
+
+class GroupReplica:
+    kind = ""
+
+    def __init__(self, world: SimWorld, group: str, index: int) -> None:
+        self.world = world
+        self.group = group
+        self.name = f"{group}/{index}"
+        self.disk = ReplicaDisk()
+        self.clock_offset_ms = 0
+        self.alive = True
+        self.paused_until_ms = 0
+        self.stopped: str | None = None  # a runtime invariant broke: stays down, a violation
+        self.incarnation = 0
+        self.boots = 0
+        self.snapshot_installs = 0
+        self.machine: Any = None
+        self.replica: Replica[Any] = Replica(self.new_machine(), CHECKPOINT_INTERVAL_ENTRIES)
+        self.fence: int | None = None
+        self.lease: int | None = None
+        self.pending: list[Any] = []
+        self.boot()
+
+    # --- what a kind of machine adds -----------------------------------------------
+
+    def new_machine(self) -> Any:
+        raise NotImplementedError
+
+    def encode_entry(self, commands: Sequence[Any]) -> bytes:
+        raise NotImplementedError
+
+    def after_apply(self, batch: LogBatch, outputs: list[Sequence[Any]], leading: bool) -> None:
+        """Egress of an applied record (released by the leader only)."""
+
+    def reset_memory(self) -> None:
+        """What the process kept beside the machine, gone at a restart."""
+
+    # --- process life ----------------------------------------------------------------
+
+    def boot(self) -> None:
+        """A process start: memory from the newest valid snapshot, then the log."""
+        self.incarnation += 1
+        self.boots += 1
+        self.machine = self.new_machine()
+        self.replica = Replica(self.machine, CHECKPOINT_INTERVAL_ENTRIES)
+        self.fence = None
+        self.lease = None
+        self.pending = []
+        self.checkpoint_due: tuple[int, bytes] | None = None
+        self.last_timer_ms = 0
+        self.since_snapshot = 0
+        self.reset_memory()
+        file = self.disk.newest_valid(check=self.world.config.defect != UNCHECKED_SNAPSHOTS)
+        if file is not None:
+            try:
+                self.replica.restore(file.payload, file.position, file.consensus_time_ms)
+            except Exception as error:
+                self.stopped = f"snapshot {file.position} unreadable: {error!r}"
+                self.world.violation("replica-stopped", f"{self.name}: {self.stopped}")
+                return
+        self._schedule_tick(1)
+
+    def crash(self) -> None:
+        """SIGKILL: memory gone, unsynced snapshot writes lost or torn; back after a while."""
+        world = self.world
+        for note in self.disk.crash(world.rng):
+            world.faults.trace.append(f"{world.scheduler.now_ms} disk {self.name} {note}")
+        self.alive = False
+        self.incarnation += 1
+        if self.fence is not None:
+            self.fence = None  # its lease expires by itself: nobody resigns for a dead process
+        self.pending = []
+
+    def restart(self) -> None:
+        if self.stopped is None:
+            self.alive = True
+            self.boot()
+
+    def _restart_as_follower(self, why: str) -> None:
+        self.world.figures["fenced_leader_restarts"] += 1
+        self.world.faults.trace.append(f"{self.world.scheduler.now_ms} {self.name} stops: {why}")
+        self.boot()
+
+    @property
+    def leading(self) -> bool:
+        return self.alive and self.stopped is None and self.fence is not None
+
+    def clock_ms(self) -> int:
+        return max(0, self.world.scheduler.now_ms + self.clock_offset_ms)
+
+    def _schedule_tick(self, delay_ms: int) -> None:
+        incarnation = self.incarnation
+        self.world.scheduler.after(delay_ms, f"tick {self.name}", lambda: self._tick(incarnation))
+
+    def _tick(self, incarnation: int) -> None:
+        if incarnation != self.incarnation or not self.alive or self.stopped is not None:
+            return
+        scheduler = self.world.scheduler
+        if scheduler.now_ms < self.paused_until_ms:
+            self._schedule_tick(self.paused_until_ms - scheduler.now_ms)
+            return
+        self._schedule_tick(TICK_MS if self.fence is not None else FOLLOWER_TICK_MS)
+        etcd = self.world.etcd
+        if self.fence is not None:
+            self._lead()
+            return
+        if self.lease is None or not etcd.keep_alive(self.lease):
+            self.lease = etcd.grant(LEASE_TTL_MS)
+        self._follow()
+        if self.stopped is None and incarnation == self.incarnation:
+            self._campaign()
+
+    # --- follower --------------------------------------------------------------------
+
+    def _follow(self, to_end: bool = False) -> None:
+        etcd = self.world.etcd
+        while True:
+            try:
+                records = etcd.read(self.group, self.replica.applied_position + 1, RECORDS_PER_READ)
+            except LogCompacted:
+                if not self._install_from_peer():
+                    return
+                continue
+            for record in records:
+                self._apply_record(record.data, leading=False)
+                if self.stopped is not None:
+                    return
+            if not to_end or len(records) < RECORDS_PER_READ:
+                return
+
+    def _install_from_peer(self) -> bool:
+        """The records after this replica's position are gone: a peer's state instead."""
+        floor = self.world.etcd.truncated_through.get(self.group, 0)
+        for peer in self.world.replicas_of(self.group):
+            if peer is self or not peer.alive or peer.stopped is not None:
+                continue
+            if peer.replica.applied_position < floor:
+                continue
+            self.machine = self.new_machine()
+            self.replica = Replica(self.machine, CHECKPOINT_INTERVAL_ENTRIES)
+            self.replica.restore(
+                peer.machine.snapshot(),
+                peer.replica.applied_position,
+                peer.replica.consensus_time_ms,
+            )
+            self.reset_memory()
+            self.snapshot_installs += 1
+            self.world.figures["snapshot_installs"] += 1
+            return True
+        return False
+
+    def _campaign(self) -> None:
+        etcd = self.world.etcd
+        if self.lease is None or etcd.leader(self.group) is not None:
+            return
+        fence = etcd.campaign(self.group, self.name, self.lease)
+        if fence is None:
+            return
+        # Nobody else can append now: read to the end, then lead.
+        self._follow(to_end=True)
+        if self.stopped is not None:
+            return
+        self.fence = fence
+        self.last_timer_ms = self.replica.consensus_time_ms
+        self.world.leader_elected(self)
+
+    # --- leader ----------------------------------------------------------------------
+
+    def _lead(self) -> None:
+        etcd = self.world.etcd
+        assert self.fence is not None and self.lease is not None
+        # A process that resumes may append before its keep-alive runs, or after.
+        keep_alive_first = self.world.rng.randrange(2) == 0
+        if keep_alive_first and not etcd.keep_alive(self.lease):
+            self._restart_as_follower("lease lost")
+            return
+        entries: list[tuple[int, bytes]] = []
+        due = self.checkpoint_due
+        if due is not None:
+            entries.append((_CHECKPOINT, encode_checkpoint(*due)))
+            self.checkpoint_due = None
+        consensus_ms = max(self.replica.consensus_time_ms, self.clock_ms())
+        if consensus_ms - self.last_timer_ms >= TIMER_INTERVAL_MS:
+            entries.append((_TIMER, b""))
+            self.last_timer_ms = consensus_ms
+        taken = self.pending[: COMMANDS_PER_ENTRY * ENTRIES_PER_RECORD]
+        del self.pending[: len(taken)]
+        for start in range(0, len(taken), COMMANDS_PER_ENTRY):
+            entries.append((_COMMAND, self.encode_entry(taken[start : start + COMMANDS_PER_ENTRY])))
+        if entries:
+            batch = LogBatch(self.replica.applied_position + 1, consensus_ms, entries)
+            data = encode_batch(batch)
+            if self.world.config.defect == ACK_BEFORE_APPEND:
+                self._apply_record(data, leading=True)
+                if not etcd.append(
+                    self.group, self.fence, batch.first_position, batch.last_position, data
+                ):
+                    self._restart_as_follower("append fenced")
+                return
+            if not etcd.append(
+                self.group, self.fence, batch.first_position, batch.last_position, data
+            ):
+                self._restart_as_follower("append fenced")
+                return
+            self.world.record_appended(self.group, batch.first_position, self.fence)
+            if self.world.crash_between_append_and_apply(self):
+                return
+            self._apply_record(data, leading=True)
+        if not keep_alive_first and self.fence is not None and not etcd.keep_alive(self.lease):
+            self._restart_as_follower("lease lost")
+
+    # --- applying --------------------------------------------------------------------
+
+    def _apply_record(self, data: bytes, leading: bool) -> None:
+        batch, _ = decode_batch_at(data)
+        before = self.replica.latest_hash
+        try:
+            outputs = self.replica.apply_batch(batch)
+            self.check_machine()
+        except (ReplicaInvariantError, ShardInvariantError) as error:
+            self.stopped = f"{type(error).__name__}: {error}"
+            self.fence = None
+            self.world.violation("replica-stopped", f"{self.name}: {self.stopped}")
+            return
+        latest = self.replica.latest_hash
+        if latest is not None and latest != before:
+            self.world.hash_recorded(self, latest[0], latest[1])
+            if leading:
+                self.checkpoint_due = latest
+        self.after_apply(batch, outputs, leading)
+        self.since_snapshot += len(batch.entries)
+        if self.since_snapshot >= self.world.config.snapshot_entries:
+            self._snapshot()
+
+    def check_machine(self) -> None:
+        """The machine's own invariants after every record."""
+
+    def _snapshot(self) -> None:
+        self.since_snapshot = 0
+        replica = self.replica
+        file = self.disk.write(
+            replica.applied_position, replica.consensus_time_ms, self.machine.snapshot()
+        )
+        incarnation = self.incarnation
+
+        def synced() -> None:
+            if incarnation == self.incarnation:
+                self.disk.sync(file)
+                if self.leading:
+                    self.world.truncate_log(self.group)
+
+        self.world.scheduler.after(SNAPSHOT_SYNC_DELAY_MS, f"sync {self.name}", synced)
+
+
+class ShardReplica(GroupReplica):
+    kind = "shard"
+
+    def new_machine(self) -> ShardMachine:
+        return ShardMachine(self.world.shard_settings[self.group])
+
+    def encode_entry(self, commands: Sequence[Any]) -> bytes:
+        return shard_pb2.ShardCommandBatch(commands=commands).SerializeToString()
+
+    def reset_memory(self) -> None:
+        # The durable egress window (`DurableEgressFeed`): rebuilt from the replay.
+        self.window: deque[tuple[int, int, Sequence[Egress]]] = deque()
+
+    def check_machine(self) -> None:
+        self.machine.check_invariants()
+
+    def after_apply(self, batch: LogBatch, outputs: list[Sequence[Any]], leading: bool) -> None:
+        window = self.window
+        position = batch.first_position
+        for items in outputs:
+            if items:
+                window.append((position, batch.consensus_time_ms, items))
+                if leading:
+                    for item in items:
+                        if type(item) is ShardResult:
+                            self.world.shard_result(self.group, item)
+            position += 1
+        while len(window) > RETAINED_EGRESS_RECORDS:
+            self.window_start = window.popleft()[0] + 1
+
+    def window_from(self, position: int) -> list[tuple[int, int, Sequence[Egress]]] | None:
+        """Egress at `position` and after; None when part of it is not retained here
+        (`EgressWindowExceededError`: before this process's restore point, or trimmed)."""
+        if position > self.replica.applied_position:
+            return []
+        if position < self.window_start:
+            return None
+        found = []
+        for entry in reversed(self.window):  # consumers read near the end
+            if entry[0] < position:
+                break
+            found.append(entry)
+        found.reverse()
+        return found
+
+    def boot(self) -> None:
+        super().boot()
+        self.window_start = self.replica.applied_position + 1
+
+    def _install_from_peer(self) -> bool:
+        installed = super()._install_from_peer()
+        if installed:
+            self.window_start = self.replica.applied_position + 1
+        return installed
+
+
+class MatcherReplica(GroupReplica):
+    kind = "matcher"
+
+    def new_machine(self) -> MatcherMachine:
+        return MatcherMachine(self.world.engine_settings[self.group])
+
+    def encode_entry(self, commands: Sequence[Any]) -> bytes:
+        return matcher_pb2.MatcherCommandBatch(commands=commands).SerializeToString()

@@ -1,0 +1,124 @@
+"""What `oms sim` and `oms chaos report` print: one run, or a campaign's figures."""
+
+from __future__ import annotations
+
+from simulation.campaign import CampaignFigures
+from simulation.core.faults import FAULT_KINDS
+from simulation.core.world import SimConfig, SimResult
+
+
+def reproduce_command(config: SimConfig) -> str:
+    kinds = sorted(config.plan.kinds)
+    faults = "all" if kinds == sorted(FAULT_KINDS) else (",".join(kinds) or "none")
+    command = f"oms sim --seed {config.seed} --steps {config.steps} --faults {faults}"
+    if config.defect:
+        command += f" --defect {config.defect}"
+    return command
+
+
+def run_text(config: SimConfig, result: SimResult, *, trace: bool) -> str:
+    lines = [
+        f"seed {result.seed}: {'ok' if result.ok else 'VIOLATION'}; {result.steps:,} steps,"
+        f" {result.simulated_ms / 1000:.1f} s simulated; trace {result.trace_hash},"
+        f" final state {result.final_hash}",
+        f"  rerun: {reproduce_command(config)}",
+        "  faults: " + (", ".join(f"{k} {v}" for k, v in result.faults.items()) or "none"),
+        "  clients: " + ", ".join(f"{k} {v:,}" for k, v in result.clients.items()),
+        "  mesh: " + ", ".join(f"{k} {v:,}" for k, v in result.figures.items()),
+        f"  audit: {result.audit_checks:,} checks, findings {result.audit_findings or 'none'}",
+    ]
+    for kind, durations in result.leaderless_ms.items():
+        if durations:
+            lines.append(f"  {kind} groups without a leader (ms): {durations}")
+    for violation in result.violations:
+        lines.append(
+            f"  violation at step {violation.step:,} ({violation.time_ms} ms):"
+            f" {violation.kind}: {violation.detail}"
+        )
+    if trace:
+        lines.append("  fault trace (simulated ms, kind, target):")
+        lines.extend(f"    {line}" for line in result.trace)
+    return "\n".join(lines)
+
+
+def _spread(values: list[int]) -> str:
+    if not values:
+        return "none"
+    ordered = sorted(values)
+
+    def at(fraction: float) -> int:
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+    return f"{len(ordered):,} times; p50 {at(0.5):,}, p99 {at(0.99):,}, max {ordered[-1]:,}"
+
+
+def campaign_markdown(figures: CampaignFigures) -> str:
+    last = figures.first_seed + figures.seeds - 1
+    clients = figures.clients
+    mesh = figures.figures
+    failed = sum(len(seeds) for seeds in figures.failed.values())
+    violations = (
+        "; ".join(f"{kind}: seeds {seeds[:10]}" for kind, seeds in sorted(figures.failed.items()))
+        or "none"
+    )
+    rows = [
+        (
+            "seeds",
+            f"{figures.first_seed}..{last} ({figures.seeds:,}): {figures.passed:,} passed,"
+            f" {failed:,} failed",
+        ),
+        (
+            "steps",
+            f"{figures.steps:,} ({figures.steps_per_seed:,} with faults per seed, then settling)",
+        ),
+        ("simulated time", f"{figures.simulated_ms / 1000:,.0f} s"),
+        ("wall time", f"{figures.wall_s:,.0f} s on {figures.workers} workers"),
+        ("fault kinds on", ", ".join(figures.fault_kinds) or "none"),
+        ("planted defect", figures.defect or "none"),
+        (
+            "client operations",
+            f"{clients.get('ok', 0):,} ok, {clients.get('refused', 0):,}"
+            f" refused, {clients.get('unknown_then_resolved', 0):,} outcome"
+            " unknown then resolved by a retry under the same id"
+            f" ({clients.get('answered_as_duplicate', 0):,} answered as the"
+            " original)",
+        ),
+        (
+            "acknowledged",
+            f"{clients.get('acknowledged_orders', 0):,} orders,"
+            f" {clients.get('acknowledged_transfers', 0):,} transfers",
+        ),
+        (
+            "PostgreSQL transactions",
+            f"{mesh.get('store_committed', 0):,} committed,"
+            f" {mesh.get('store_aborted', 0):,} aborted,"
+            f" {mesh.get('store_unknown', 0):,} of unknown outcome"
+            f" ({mesh.get('store_unknown_committed', 0):,} had"
+            " committed; every one resolved by reading the cursor"
+            " back)",
+        ),
+        (
+            "faults injected",
+            ", ".join(f"{k} {v:,}" for k, v in sorted(figures.faults.items())) or "none",
+        ),
+        (
+            "failovers",
+            f"{mesh.get('leader_elections', 0):,} leader elections,"
+            f" {mesh.get('fenced_leader_restarts', 0):,} fenced leaders restarted,"
+            f" {mesh.get('etcd_fenced_appends', 0):,} fenced appends,"
+            f" {mesh.get('snapshot_installs', 0):,} snapshots installed from a peer",
+        ),
+        (
+            "invariant checks",
+            f"{mesh.get('conservation_checks', 0):,} cross-shard money"
+            f" balances, {mesh.get('state_hashes_compared', 0):,} state"
+            f" hashes compared, {figures.audit_checks:,} audit checks",
+        ),
+        ("violations", violations),
+        ("shard groups without a leader (ms)", _spread(figures.leaderless_ms.get("shard", []))),
+        ("matcher groups without a leader (ms)", _spread(figures.leaderless_ms.get("matcher", []))),
+        ("clients' longest wait", f"{figures.longest_client_wait_ms:,} ms"),
+    ]
+    out = ["| figure | value |", "| --- | --- |"]
+    out.extend(f"| {name} | {value} |" for name, value in rows)
+    return "\n".join(out)

@@ -1,0 +1,68 @@
+"""The simulated etcd, PostgreSQL and disk keep the rules the real ones keep."""
+
+from __future__ import annotations
+
+import random
+
+from simulation.core.etcd_model import LogCompacted, SimEtcd
+from simulation.core.faults import NO_FAULTS, STORE_UNKNOWN, FaultLog, FaultPlan
+from simulation.core.replica_disk import ReplicaDisk
+from simulation.core.scheduler import Scheduler
+from simulation.core.store_model import COMMITTED, UNKNOWN, SimPostgres, Transaction
+
+
+def test_an_append_is_fenced_by_the_leader_key_and_the_log_end() -> None:
+    scheduler = Scheduler()
+    etcd = SimEtcd(scheduler)
+    old_lease = etcd.grant(1_000)
+    old_fence = etcd.campaign("s1", "a", old_lease)
+    assert old_fence is not None
+    assert etcd.campaign("s1", "b", etcd.grant(1_000)) is None  # one leader at a time
+    assert etcd.append("s1", old_fence, 1, 2, b"r1")
+    assert not etcd.append("s1", old_fence, 2, 2, b"gap")  # must start at the log's end
+    scheduler.at(1_500, "later", lambda: None)
+    scheduler.step()  # the old leader's lease expired: its key went with it
+    new_lease = etcd.grant(1_000)
+    new_fence = etcd.campaign("s1", "b", new_lease)
+    assert new_fence is not None and new_fence > old_fence
+    assert not etcd.append("s1", old_fence, 3, 3, b"zombie")  # the old term is fenced
+    assert etcd.append("s1", new_fence, 3, 3, b"r2")
+    assert [r.data for r in etcd.read("s1", 1, 10)] == [b"r1", b"r2"]
+    assert etcd.truncate_before("s1", 3) == 1
+    try:
+        etcd.read("s1", 1, 10)
+    except LogCompacted:
+        pass
+    else:
+        raise AssertionError("a truncated record was read")
+
+
+def test_an_unknown_commit_is_written_or_not_and_the_cursor_tells() -> None:
+    scheduler = Scheduler()
+    plan = FaultPlan(store_unknown_ppm=1_000_000).only(frozenset({STORE_UNKNOWN}))
+    outcomes = set()
+    for seed in range(20):
+        store = SimPostgres(scheduler, random.Random(seed), plan, FaultLog())
+        outcome, answers = store.commit(Transaction("s1", 7))
+        assert (outcome, answers) == (UNKNOWN, [])
+        outcomes.add(store.cursor("s1"))
+    assert outcomes == {0, 7}  # both happen; only reading the cursor back tells which
+    store = SimPostgres(scheduler, random.Random(1), NO_FAULTS, FaultLog())
+    assert store.commit(Transaction("s1", 9))[0] == COMMITTED
+    assert store.cursor("s1") == 9
+
+
+def test_a_crash_loses_or_tears_unsynced_snapshots_and_checksums_catch_damage() -> None:
+    rng = random.Random(3)
+    disk = ReplicaDisk()
+    synced = disk.write(10, 100, b"state at 10" * 20)
+    disk.sync(synced)
+    disk.write(20, 200, b"state at 20" * 20)  # not synced yet
+    disk.crash(rng)
+    newest = disk.newest_valid()
+    assert newest is not None and newest.position == 10  # lost or torn, never half-read
+    only = ReplicaDisk()
+    only.sync(only.write(30, 300, b"state at 30" * 20))
+    assert only.corrupt(rng) is not None  # one bit of it flipped
+    assert only.newest_valid() is None  # the checksum refuses it
+    assert only.newest_valid(check=False) is not None  # what a planted defect would read
