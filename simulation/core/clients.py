@@ -196,8 +196,11 @@ class SimClients:
         request.correlation_id = correlation
         request.attempts += 1
         self.figures.attempts += 1
+        if not world.send_to_shard(request.user_id, request.build(correlation)):
+            request.correlation_id = 0
+            world.scheduler.after(RETRY_PAUSE_MS, "client retry", lambda: self._send(request))
+            return
         self.by_correlation[correlation] = request
-        world.send_to_shard(request.user_id, request.build(correlation))
         world.scheduler.after(
             DEADLINE_MS, f"deadline {correlation}", lambda: self._deadline(request, correlation)
         )

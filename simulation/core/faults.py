@@ -24,6 +24,8 @@ SNAPSHOT_CORRUPT = "snapshot_corrupt"  # a bit of the newest snapshot flipped, t
 STORE_ABORT = "store_abort"  # a transaction refused (serialization, connection lost)
 STORE_UNKNOWN = "store_unknown"  # the commit's outcome is not known to the caller
 STORE_DOWN = "store_down"  # the database unreachable for a while
+# Routing: a user moved to another shard group while it trades (two epochs).
+USER_MOVE = "user_move"
 # Torn and lost snapshot writes are not kinds of their own: a crash makes them.
 
 FAULT_KINDS: tuple[str, ...] = (
@@ -38,6 +40,7 @@ FAULT_KINDS: tuple[str, ...] = (
     STORE_DOWN,
     STORE_UNKNOWN,
     STREAM_BREAK,
+    USER_MOVE,
 )
 PROCESS_FAULTS: tuple[str, ...] = (CLOCK_STEP, CRASH, PAUSE, SNAPSHOT_CORRUPT, STORE_DOWN)
 

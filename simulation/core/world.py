@@ -53,6 +53,7 @@ from simulation.core.faults import (
 from simulation.core.links import Network
 from simulation.core.persister_model import SimPersister
 from simulation.core.replica_node import GroupReplica, MatcherReplica, ShardReplica
+from simulation.core.routing_model import SimWaves
 from simulation.core.scheduler import Scheduler
 from simulation.core.store_model import SimPostgres, StoredUser
 
@@ -162,6 +163,7 @@ class SimWorld:
         self.bridge = SimBridge(self)
         self.persisters = {shard: SimPersister(self, shard) for shard in self.shard_ids}
         self.clients = SimClients(self, users)
+        self.waves = SimWaves(self)
         self.scheduler.after(CHAOS_TICK_MS, "chaos", self._chaos)
         self.scheduler.after(1, "routing", self._publish_routing)
 
@@ -195,9 +197,11 @@ class SimWorld:
 
     # --- messages ----------------------------------------------------------------------
 
-    def send_to_shard(self, user_id: int, command: Command) -> None:
+    def send_to_shard(self, user_id: int, command: Command) -> bool:
+        """False while the user is in transit: the gateway answers UNAVAILABLE at once."""
         shard = self.routing.owner_of(user_id)
-        assert shard is not None
+        if shard is None:
+            return False
         message = command_to_protobuf(command)
         key = self.etcd.leader(shard)
         target = next((n for n in self.replicas[shard] if key and n.name == key.holder), None)
@@ -207,6 +211,7 @@ class SimWorld:
                 target.pending.append(message)
 
         self.network.unary(f"client→{shard}", arrive)
+        return True
 
     def shard_result(self, shard: str, result: ShardResult) -> None:
         self.network.unary(f"{shard}→client", lambda: self.clients.on_result(result))
@@ -365,6 +370,9 @@ class SimWorld:
                 return
             state = node.machine.state
             accounts = state.accounts
+            twice = resident_users.intersection(state.actors)
+            if twice:
+                self.violation("two-owners", f"users {sorted(twice)} resident on two shards")
             resident_users.update(state.actors)
             for asset in self.assets:
                 held[asset] += (
@@ -456,6 +464,8 @@ class SimWorld:
 
     def _unsettled(self) -> str:
         clients = self.clients
+        if self.waves.moving is not None:
+            return f"user {self.waves.moving.user_id} in transit"
         if clients.outstanding:
             return f"{len(clients.outstanding)} client requests unanswered"
         for shard in self.shard_ids:
@@ -568,6 +578,9 @@ class SimWorld:
                 "store_down_refusals": self.store.outcomes["down"],
                 "rows_replayed_absorbed": self.store.duplicate_rows,
                 "orders_stored": len(self.store.orders),
+                "users_moved": self.waves.landed,
+                "user_moves_returned": self.waves.returned,
+                "routing_epoch": self.routing.epoch,
                 "fills_stored": len(self.store.fills),
             },
             clients={

