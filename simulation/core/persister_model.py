@@ -13,6 +13,7 @@ violation.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,8 @@ TICK_MS = 5
 RECORDS_PER_TRANSACTION = 256
 # Row index within a log position: one egress item's ledger rows side by side.
 ROWS_PER_ITEM = 64
+# Flush answers sent again on a new stream (`persister/` does the same).
+RECENT_FLUSH_ANSWERS = 256
 
 
 class SimPersister:
@@ -65,6 +68,9 @@ class SimPersister:
         self.cursor: int | None = None  # read from the database first
         self.stream = Stream(self.world.network, f"persister→{self.shard_id}")
         self.target = ""
+        self.recent_flush_answers: deque[FlushComplete | FlushRefused] = deque(
+            maxlen=RECENT_FLUSH_ANSWERS
+        )
         self._schedule()
 
     def crash(self) -> None:
@@ -97,6 +103,8 @@ class SimPersister:
         if self.stream.broken or self.target != leader.name:
             self.stream.reopen()
             self.target = leader.name
+            if self.recent_flush_answers:  # as the real one: the shard drops stale ones
+                self._send(leader, list(self.recent_flush_answers))
         entries = leader.window_from(self.cursor + 1)
         if entries is None:
             self.stopped = (
@@ -127,6 +135,7 @@ class SimPersister:
             return
         self.cursor = transaction.cursor
         commands: list[Any] = [self._flush_answer(answer) for answer in answers]
+        self.recent_flush_answers.extend(commands)
         commands.extend(self._read(read) for read in reads)
         if commands:
             self._send(leader, commands)
