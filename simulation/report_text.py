@@ -29,7 +29,7 @@ def run_text(config: SimConfig, result: SimResult, *, trace: bool) -> str:
     ]
     for kind, durations in result.leaderless_ms.items():
         if durations:
-            lines.append(f"  {kind} groups without a leader (ms): {durations}")
+            lines.append(f"  {kind}: a group without a serving leader (ms): {durations}")
     for violation in result.violations:
         lines.append(
             f"  violation at step {violation.step:,} ({violation.time_ms} ms):"
@@ -115,10 +115,10 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             f" hashes compared, {figures.audit_checks:,} audit checks",
         ),
         ("violations", violations),
-        ("shard groups without a leader (ms)", _spread(figures.leaderless_ms.get("shard", []))),
-        ("matcher groups without a leader (ms)", _spread(figures.leaderless_ms.get("matcher", []))),
         ("clients' longest wait", f"{figures.longest_client_wait_ms:,} ms"),
     ]
+    for key, durations in sorted(figures.leaderless_ms.items()):
+        rows.append((f"{key}: a group without a serving leader (ms)", _spread(durations)))
     out = ["| figure | value |", "| --- | --- |"]
     out.extend(f"| {name} | {value} |" for name, value in rows)
     return "\n".join(out)

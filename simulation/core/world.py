@@ -146,9 +146,11 @@ class SimWorld:
         )
         self.hashes: dict[str, dict[int, tuple[bytes, str]]] = {}
         self.last_fence: dict[str, int] = {}
-        self.leaderless_since: dict[str, int] = {}  # group -> unserved since (ms)
+        self.leaderless_since: dict[str, tuple[int, str]] = {}  # group -> (since ms, cause)
+        self.last_fault: dict[str, str] = {}  # group -> the last process fault on a replica
         self.served: set[str] = set()
-        self.leaderless_ms: dict[str, list[int]] = {"shard": [], "matcher": []}
+        # "shard after crash" -> each time a group went unserved after that fault (ms)
+        self.leaderless_ms: dict[str, list[int]] = {}
         self.routing_epochs: dict[str, int] = {}
         self._trace = hashlib.sha256()
         self.lifecycle_seen = 0
@@ -275,6 +277,7 @@ class SimWorld:
         if not self.plan.on(CRASH) or self.rng.randrange(1_000_000) >= MID_APPEND_CRASH_PPM:
             return False
         self.faults.note(self.scheduler.now_ms, CRASH, f"{node.name} after its append")
+        self.last_fault[node.group] = CRASH
         self._crash(node)
         return True
 
@@ -306,6 +309,8 @@ class SimWorld:
                 "bridge" if target is self.bridge else f"persister {target.shard_id}"
             )
             self.faults.note(now, CRASH, name)
+            if isinstance(target, GroupReplica):
+                self.last_fault[target.group] = CRASH
             self._crash(target)
         elif kind == PAUSE:
             leaders = [n for n in nodes if n.leading]
@@ -315,6 +320,7 @@ class SimWorld:
                 return
             node.paused_until_ms = max(node.paused_until_ms, now + rng.randrange(*PAUSE_MS))
             self.faults.note(now, PAUSE, f"{node.name} until {node.paused_until_ms}")
+            self.last_fault[node.group] = PAUSE
         elif kind == CLOCK_STEP:
             node = nodes[rng.randrange(len(nodes))]
             node.clock_offset_ms += rng.randrange(-CLOCK_STEP_MS, CLOCK_STEP_MS + 1)
@@ -325,6 +331,7 @@ class SimWorld:
             what = node.disk.corrupt(rng)
             if what is not None and node.alive:
                 self.faults.note(now, SNAPSHOT_CORRUPT, f"{node.name}: {what}, then a crash")
+                self.last_fault[node.group] = SNAPSHOT_CORRUPT
                 self._crash(node)
         elif kind == STORE_DOWN:
             self.store.down_until_ms = now + rng.randrange(*STORE_DOWN_MS)
@@ -345,14 +352,16 @@ class SimWorld:
             # first election on, so the start of a run does not count.
             node = self.leading_replica(group)
             serving = node is not None and node.paused_until_ms <= now
-            since = self.leaderless_since.get(group)
+            unserved = self.leaderless_since.get(group)
             if serving:
-                if since is not None:
-                    self.leaderless_ms[nodes[0].kind].append(now - since)
+                if unserved is not None:
+                    since, cause = unserved
+                    key = f"{nodes[0].kind} after {cause}"
+                    self.leaderless_ms.setdefault(key, []).append(now - since)
                     del self.leaderless_since[group]
                 self.served.add(group)
-            elif since is None and group in self.served:
-                self.leaderless_since[group] = now
+            elif unserved is None and group in self.served:
+                self.leaderless_since[group] = (now, self.last_fault.get(group, "other"))
         store = self.store
         if len(store.lifecycle_breaks) > self.lifecycle_seen:
             for detail in store.lifecycle_breaks[self.lifecycle_seen :]:
