@@ -40,18 +40,7 @@ class AuditInputs:
 
 
 def market_units(catalog: MarketCatalog) -> tuple[MarketUnits, ...]:
-    return tuple(
-        MarketUnits(
-            m.symbol,
-            m.base_asset,
-            m.quote_asset,
-            m.lot_size,
-            m.tick_size,
-            m.maker_fee_ppm,
-            m.taker_fee_ppm,
-        )
-        for m in catalog.markets
-    )
+    return tuple(MarketUnits.of(market) for market in catalog.markets)
 
 
 async def audit_once(inputs: AuditInputs) -> AuditReport:

@@ -62,13 +62,7 @@ def main(arguments: argparse.Namespace) -> int:
     plan = fault_plan(arguments.faults)
     if arguments.seeds:
         return _campaign(arguments, plan)
-    config = SimConfig(
-        seed=arguments.seed,
-        steps=arguments.steps,
-        markets=load_catalog().markets,
-        plan=plan,
-        defect=arguments.defect,
-    )
+    config = _config(arguments, plan, arguments.seed)
     result = run(config)
     if arguments.json:
         print(json.dumps(asdict(result) | {"ok": result.ok}, indent=1, default=sorted))
@@ -77,6 +71,16 @@ def main(arguments: argparse.Namespace) -> int:
     if not result.ok and arguments.shrink:
         _print_shrunk(config, result)
     return 0 if result.ok else 1
+
+
+def _config(arguments: argparse.Namespace, plan: FaultPlan, seed: int) -> SimConfig:
+    return SimConfig(
+        seed=seed,
+        steps=arguments.steps,
+        markets=load_catalog().markets,
+        plan=plan,
+        defect=arguments.defect,
+    )
 
 
 def _print_shrunk(config: SimConfig, result: SimResult) -> None:
@@ -112,12 +116,5 @@ def _campaign(arguments: argparse.Namespace, plan: FaultPlan) -> int:
     print(campaign_markdown(figures))
     if failures and arguments.shrink:
         first = failures[0]
-        config = SimConfig(
-            seed=first.seed,
-            steps=arguments.steps,
-            markets=load_catalog().markets,
-            plan=plan,
-            defect=arguments.defect,
-        )
-        _print_shrunk(config, first)
+        _print_shrunk(_config(arguments, plan, first.seed), first)
     return 1 if failures else 0

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.markets.catalog import Market
 
 BUY = 1
 SELL = 2
@@ -44,6 +48,19 @@ class MarketUnits:
     tick_size: int  # quote minor units per tick per lot
     maker_fee_ppm: int
     taker_fee_ppm: int
+
+    @classmethod
+    def of(cls, market: Market) -> MarketUnits:
+        """A catalog market's units, as the catalog publishes them."""
+        return cls(
+            market.symbol,
+            market.base_asset,
+            market.quote_asset,
+            market.lot_size,
+            market.tick_size,
+            market.maker_fee_ppm,
+            market.taker_fee_ppm,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from services.shard.core.codec import egress_to_protobuf
 from services.shard.core.egress import CancelToMatcher, SubmitToMatcher
 from simulation.core.defects import BRIDGE_FORGETS_IN_FLIGHT
 from simulation.core.links import Stream
+from simulation.core.process import SimProcess
 
 if TYPE_CHECKING:
     from simulation.core.replica_node import MatcherReplica, ShardReplica
@@ -36,16 +37,13 @@ EVENTS_PER_READ = 256
 EVENT_COMMAND_BYTES = 64 * 1024
 
 
-class SimBridge:
+class SimBridge(SimProcess):
     def __init__(self, world: SimWorld) -> None:
-        self.world = world
-        self.alive = True
-        self.incarnation = 0
+        super().__init__(world, "bridge", TICK_MS)
         self.correlation = 0
         self.boot()
 
     def boot(self) -> None:
-        self.incarnation += 1
         world = self.world
         self.egress_source: dict[str, str] = {}  # shard -> leader it follows
         self.egress_cursor: dict[str, int] = {}
@@ -59,24 +57,9 @@ class SimBridge:
         }
         self.event_target: dict[str, str] = {}
         self.event_cursor: dict[tuple[str, str], int] = {}
-        self._schedule()
+        super().boot()
 
-    def crash(self) -> None:
-        self.alive = False
-        self.incarnation += 1
-
-    def restart(self) -> None:
-        self.alive = True
-        self.boot()
-
-    def _schedule(self) -> None:
-        incarnation = self.incarnation
-        self.world.scheduler.after(TICK_MS, "tick bridge", lambda: self._tick(incarnation))
-
-    def _tick(self, incarnation: int) -> None:
-        if incarnation != self.incarnation or not self.alive:
-            return
-        self._schedule()
+    def step(self) -> None:
         world = self.world
         for shard in world.shard_ids:
             self._follow_egress(shard)

@@ -33,6 +33,7 @@ from services.shard.core.user_state import RecentResult
 from services.shard.core.vocabulary import PENDING
 from simulation.core.defects import PERSISTER_TRUSTS_UNKNOWN
 from simulation.core.links import Stream
+from simulation.core.process import SimProcess
 from simulation.core.store_model import (
     COMMITTED,
     UNKNOWN,
@@ -54,43 +55,22 @@ ROWS_PER_ITEM = 64
 RECENT_FLUSH_ANSWERS = 256
 
 
-class SimPersister:
+class SimPersister(SimProcess):
     def __init__(self, world: SimWorld, shard_id: str) -> None:
-        self.world = world
+        super().__init__(world, f"persister {shard_id}", TICK_MS)
         self.shard_id = shard_id
-        self.alive = True
-        self.incarnation = 0
-        self.stopped: str | None = None
         self.boot()
 
     def boot(self) -> None:
-        self.incarnation += 1
         self.cursor: int | None = None  # read from the database first
         self.stream = Stream(self.world.network, f"persister→{self.shard_id}")
         self.target = ""
         self.recent_flush_answers: deque[FlushComplete | FlushRefused] = deque(
             maxlen=RECENT_FLUSH_ANSWERS
         )
-        self._schedule()
+        super().boot()
 
-    def crash(self) -> None:
-        self.alive = False
-        self.incarnation += 1
-
-    def restart(self) -> None:
-        self.alive = True
-        self.boot()
-
-    def _schedule(self) -> None:
-        incarnation = self.incarnation
-        self.world.scheduler.after(
-            TICK_MS, f"tick persister {self.shard_id}", lambda: self._tick(incarnation)
-        )
-
-    def _tick(self, incarnation: int) -> None:
-        if incarnation != self.incarnation or not self.alive or self.stopped is not None:
-            return
-        self._schedule()
+    def step(self) -> None:
         world = self.world
         store = world.store
         if self.cursor is None:

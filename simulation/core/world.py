@@ -193,6 +193,12 @@ class SimWorld:
                 best = node
         return best
 
+    def resident_actor(self, user_id: int) -> Any:
+        """The user's actor on its owner's leader (what the admin API answers), or None."""
+        shard = self.routing.owner_of(user_id)
+        leader = self.leading_replica(shard) if shard else None
+        return leader.machine.actor(user_id) if leader is not None else None
+
     def new_correlation(self) -> int:
         self.correlation += 1
         return self.correlation
@@ -305,10 +311,9 @@ class SimWorld:
             target = targets[rng.randrange(len(targets))]
             if not target.alive:
                 return
-            name = getattr(target, "name", None) or (
-                "bridge" if target is self.bridge else f"persister {target.shard_id}"
+            self.faults.note(
+                now, CRASH, target.name if isinstance(target, GroupReplica) else target.label
             )
-            self.faults.note(now, CRASH, name)
             if isinstance(target, GroupReplica):
                 self.last_fault[target.group] = CRASH
             self._crash(target)
@@ -462,9 +467,7 @@ class SimWorld:
         for user in clients.users:
             if user in clients.outstanding:
                 continue
-            shard = self.routing.owner_of(user)
-            leader = self.leading_replica(shard) if shard else None
-            actor = leader.machine.actor(user) if leader is not None else None
+            actor = self.resident_actor(user)
             if actor is not None and actor.orders:
                 clients.submit(clients.cancel(user, sorted(actor.orders)[0]))
 
@@ -502,7 +505,7 @@ class SimWorld:
     def _audit(self) -> Any:
         store = self.store
         audit = MoneyAudit(
-            [_units(m) for m in self.markets],
+            [MarketUnits.of(m) for m in self.markets],
             acknowledged_transfers=self.clients.acknowledged_transfers(),
         )
         audit.persister_cursors(store.cursors)
@@ -538,9 +541,7 @@ class SimWorld:
         answers: list[UserAnswer] = []
         stored_balances: dict[int, dict[str, int]] = {}
         for user in self.clients.users:
-            shard = self.routing.owner_of(user)
-            leader = self.leading_replica(shard) if shard else None
-            actor = leader.machine.actor(user) if leader is not None else None
+            actor = self.resident_actor(user)
             if actor is not None:
                 balances = {a: (t, actor.reserved.get(a, 0)) for a, t in actor.balances.items()}
                 answers.append(UserAnswer(user, True, balances, len(actor.orders)))
@@ -658,16 +659,4 @@ def _engine_settings(group: str, markets: tuple[Market, ...]) -> EngineSettings:
             if m.matcher_group == group
         ),
         dedup_horizon_ms=600_000,
-    )
-
-
-def _units(market: Market) -> MarketUnits:
-    return MarketUnits(
-        market.symbol,
-        market.base_asset,
-        market.quote_asset,
-        market.lot_size,
-        market.tick_size,
-        market.maker_fee_ppm,
-        market.taker_fee_ppm,
     )
