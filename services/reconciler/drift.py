@@ -16,11 +16,13 @@ transit explain every unstable one.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from protos.oms.v1 import common_pb2, matcher_pb2, shard_pb2
 
 GroupOf = Callable[[str], str | None]
+MAX_LOOKS = 3  # looks at a suspect that keeps moving before it waits for the next pass
 
 
 def group_drift(
@@ -89,3 +91,56 @@ def group_fingerprint(
     )
     reserved = sorted((balance.asset, balance.reserved) for balance in view.state.balances)
     return (view.resident, tuple(at_matcher), tuple(in_shard), tuple(reserved))
+
+
+@dataclass
+class UserFinding:
+    user_id: int
+    snapshots: dict[str, matcher_pb2.OpenOrdersSnapshot]
+    drift: dict[str, str] = field(default_factory=dict)  # group -> reason
+    fingerprints: dict[str, Fingerprint] = field(default_factory=dict)  # group -> both sides
+    looks: int = 1
+
+    def reports(self, groups: Iterable[str]) -> list[shard_pb2.ShardCommand]:
+        commands = []
+        for group in groups:
+            snapshot = self.snapshots[group]
+            command = shard_pb2.ShardCommand()
+            report = command.reconcile
+            report.user_id = self.user_id
+            report.matcher_group = group
+            report.as_of_sequence = snapshot.as_of_sequence
+            report.open_orders.extend(snapshot.orders)
+            commands.append(command)
+        return commands
+
+
+def look(
+    user_id: int,
+    view: shard_pb2.ActorView,
+    snapshots: Mapping[str, matcher_pb2.OpenOrdersSnapshot],
+    group_of: GroupOf,
+) -> UserFinding:
+    """One look at a user: the shard's view against each matcher group's snapshot (read
+    before the view: what a matcher lists is then in the shard's index or on its way out
+    through an event emitted after the snapshot)."""
+    finding = UserFinding(user_id, dict(snapshots))
+    for group, snapshot in finding.snapshots.items():
+        finding.fingerprints[group] = group_fingerprint(view, group, snapshot, group_of)
+        reason = group_drift(view, group, snapshot, group_of)
+        if reason is not None:
+            finding.drift[group] = reason
+    leak = leaked_reservation(view)
+    if leak is not None and not finding.drift and finding.snapshots:
+        # The shard releases unbacked reservations on any report of the user.
+        finding.drift[next(iter(finding.snapshots))] = f"leaked reservation: {leak}"
+    return finding
+
+
+def stable_drift(first: UserFinding, second: UserFinding) -> dict[str, str]:
+    """The groups that disagree at the second look, unchanged since the first."""
+    return {
+        group: reason
+        for group, reason in second.drift.items()
+        if first.fingerprints.get(group) == second.fingerprints[group]
+    }

@@ -26,25 +26,24 @@ shard ignores orders that moved after the report's sequence.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 
 import grpc
 import structlog
 
 from protos.oms.v1 import matcher_pb2, matcher_pb2_grpc, shard_pb2, shard_pb2_grpc
 from services.reconciler.drift import (
-    Fingerprint,
+    MAX_LOOKS,
     GroupOf,
-    group_drift,
-    group_fingerprint,
-    leaked_reservation,
+    UserFinding,
+    look,
+    stable_drift,
 )
 from services.serving.user_batches import user_chunks
 
 log = structlog.get_logger(__name__)
 QUERY_TIMEOUT_S = 10.0
-MAX_LOOKS = 3  # looks at a suspect that keeps moving before it waits for the next pass
 
 
 @dataclass
@@ -61,28 +60,6 @@ class ReconcilerCounters:
 
     def plain(self) -> dict[str, int]:
         return {f.name: int(getattr(self, f.name)) for f in fields(self)}
-
-
-@dataclass
-class UserFinding:
-    user_id: int
-    snapshots: dict[str, matcher_pb2.OpenOrdersSnapshot]
-    drift: dict[str, str] = field(default_factory=dict)  # group -> reason
-    fingerprints: dict[str, Fingerprint] = field(default_factory=dict)  # group -> both sides
-    looks: int = 1
-
-    def reports(self, groups: Iterable[str]) -> list[shard_pb2.ShardCommand]:
-        commands = []
-        for group in groups:
-            snapshot = self.snapshots[group]
-            command = shard_pb2.ShardCommand()
-            report = command.reconcile
-            report.user_id = self.user_id
-            report.matcher_group = group
-            report.as_of_sequence = snapshot.as_of_sequence
-            report.open_orders.extend(snapshot.orders)
-            commands.append(command)
-        return commands
 
 
 class ReconcileSweep:
@@ -138,11 +115,7 @@ class ReconcileSweep:
 
     def _confirm(self, first: UserFinding, second: UserFinding) -> list[shard_pb2.ShardCommand]:
         """Reports for the groups that still disagree, unchanged since the first look."""
-        stable = {
-            group: reason
-            for group, reason in second.drift.items()
-            if first.fingerprints.get(group) == second.fingerprints[group]
-        }
+        stable = stable_drift(first, second)
         if len(stable) < len(second.drift):
             # Still moving: look again next round, a bounded number of times (a user who
             # trades all the time is looked at again when the window comes round).
@@ -181,24 +154,12 @@ class ReconcileSweep:
         )
         findings = []
         for index, (user_id, view) in enumerate(zip(users, actors.views, strict=True)):
-            finding = UserFinding(
-                user_id,
-                {
-                    group: snapshots[index]
-                    for group, snapshots in zip(self.matchers, per_group, strict=True)
-                    if snapshots is not None
-                },
-            )
-            group_of = self.group_of
-            for group, snapshot in finding.snapshots.items():
-                finding.fingerprints[group] = group_fingerprint(view, group, snapshot, group_of)
-                reason = group_drift(view, group, snapshot, group_of)
-                if reason is not None:
-                    finding.drift[group] = reason
-            leak = leaked_reservation(view)
-            if leak is not None and not finding.drift and finding.snapshots:
-                # The shard releases unbacked reservations on any report of the user.
-                finding.drift[next(iter(finding.snapshots))] = f"leaked reservation: {leak}"
+            snapshots = {
+                group: per_user[index]
+                for group, per_user in zip(self.matchers, per_group, strict=True)
+                if per_user is not None
+            }
+            finding = look(user_id, view, snapshots, self.group_of)
             findings.append(finding)
         return findings
 
