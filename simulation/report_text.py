@@ -109,6 +109,17 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             f" {mesh.get('snapshot_installs', 0):,} snapshots installed from a peer",
         ),
         (
+            "reconciler",
+            f"{mesh.get('reconcile_suspects', 0):,} users suspected,"
+            f" {mesh.get('reconcile_drift_confirmed', 0):,} drifts confirmed and reported"
+            f" ({mesh.get('reconcile_reports', 0):,} reports)",
+        ),
+        (
+            "routing",
+            f"{mesh.get('users_moved', 0):,} users moved between shard groups,"
+            f" {mesh.get('user_moves_returned', 0):,} moves returned (not flat in time)",
+        ),
+        (
             "invariant checks",
             f"{mesh.get('conservation_checks', 0):,} cross-shard money"
             f" balances, {mesh.get('state_hashes_compared', 0):,} state"

@@ -52,6 +52,8 @@ from simulation.core.faults import (
 )
 from simulation.core.links import Network
 from simulation.core.persister_model import SimPersister
+from simulation.core.process import SimProcess
+from simulation.core.reconciler_model import SimReconciler
 from simulation.core.replica_node import GroupReplica, MatcherReplica, ShardReplica
 from simulation.core.routing_model import SimWaves
 from simulation.core.scheduler import Scheduler
@@ -164,6 +166,7 @@ class SimWorld:
             self.replicas[group] = [MatcherReplica(self, group, i) for i in range(config.replicas)]
         self.bridge = SimBridge(self)
         self.persisters = {shard: SimPersister(self, shard) for shard in self.shard_ids}
+        self.reconcilers = {shard: SimReconciler(self, shard) for shard in self.shard_ids}
         self.clients = SimClients(self, users)
         self.waves = SimWaves(self)
         self.scheduler.after(CHAOS_TICK_MS, "chaos", self._chaos)
@@ -446,7 +449,11 @@ class SimWorld:
                 node.paused_until_ms = min(node.paused_until_ms, now)
                 if not node.alive:
                     node.restart()
-        processes: list[SimBridge | SimPersister] = [self.bridge, *self.persisters.values()]
+        processes: list[SimProcess] = [
+            self.bridge,
+            *self.persisters.values(),
+            *self.reconcilers.values(),
+        ]
         for process in processes:
             if not process.alive:
                 process.restart()
