@@ -58,7 +58,10 @@ def campaign_markdown(figures: CampaignFigures) -> str:
     mesh = figures.figures
     failed = sum(len(seeds) for seeds in figures.failed.values())
     violations = (
-        "; ".join(f"{kind}: seeds {seeds[:10]}" for kind, seeds in sorted(figures.failed.items()))
+        "; ".join(
+            f"{kind}: {len(seeds):,} seeds, first {seeds[:10]}"
+            for kind, seeds in sorted(figures.failed.items())
+        )
         or "none"
     )
     rows = [
