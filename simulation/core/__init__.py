@@ -2,8 +2,11 @@
 
 The real state machines (`ShardMachine`, `MatcherMachine`) run inside the real replica
 runtime (`Replica`, `LogBatch` records with their checksums, checkpoint hashes); the
-real codecs and the bridge's conversions carry their messages. etcd, PostgreSQL, the
-links, the persister, the bridge's loops and the clients are models (`etcd_model`,
-`store_model`, `links`, `persister_model`, `bridge_model`, `clients`), each driven by
-one `Scheduler` and one `random.Random(seed)`.
+real codecs, the bridge's conversions, the reconciler's rules and the routing changes
+carry and decide what they do in the services. etcd, PostgreSQL, the snapshot disks,
+the links, the loops of the replicated host, bridge, persister and reconciler, the
+wave controller's user move and the clients are models (`etcd_model`, `store_model`,
+`replica_disk`, `links`, `replica_node`, `bridge_model`, `persister_model`,
+`reconciler_model`, `routing_model`, `clients`), each driven by one `Scheduler` and
+one `random.Random(seed)`.
 """
