@@ -3,11 +3,13 @@
 Every incarnation runs `python -m services.command_line <service> ...` on the same
 data folder and loopback port, with its output appended to one log file, so a
 failure shows the whole history. Waiting is always polling against a deadline;
-stopping always reaps the child, also when the test failed.
+stopping always reaps the child and kills its process group (what it forked), also
+when the test failed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -114,8 +116,15 @@ class ServiceProcess:
         with self.log_path.open("ab") as log:
             log.write(f"--- incarnation {self.incarnations}: {' '.join(command)}\n".encode())
             log.flush()
+            # Its own process group, so a kill takes its forked children too (a snapshot
+            # child), as a container's end does: no test leaves one running behind it.
             self.process = subprocess.Popen(
-                command, cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT
+                command,
+                cwd=ROOT,
+                env=environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def health(self, timeout_s: float = 1.0) -> int:
@@ -166,7 +175,7 @@ class ServiceProcess:
         process = self.process
         if process is None or process.poll() is not None:
             raise ServiceProcessError(f"no running {self.subcommand} to kill")
-        os.kill(process.pid, signal.SIGKILL)
+        _kill_group(process)
         process.wait(EXIT_TIMEOUT_S)
 
     def terminate(self, timeout_s: float = EXIT_TIMEOUT_S) -> int:
@@ -190,8 +199,7 @@ class ServiceProcess:
         process = self.process
         if process is None:
             return
-        if process.poll() is None:
-            process.kill()
+        _kill_group(process)
         process.wait(EXIT_TIMEOUT_S)
 
     def log_tail(self, lines: int = 40) -> str:
@@ -212,6 +220,12 @@ class ServiceProcess:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the service and whatever it forked (its group outlives it while they run)."""
+    with contextlib.suppress(ProcessLookupError):  # the service and its children are gone
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def start_together(processes: Sequence[ServiceProcess], stop_all: Callable[[], None]) -> None:

@@ -6,6 +6,14 @@ position while the parent keeps applying. The parent's pause is the `fork`
 call itself (page-table copy), measured and reported. The child touches only
 the state machine and plain file calls, then leaves with `os._exit` so no
 inherited thread, event loop or atexit hook runs in it.
+
+A child can also hang where none of its own code runs: inside `os.fork`, where
+CPython drops the states of the threads the child did not inherit and runs what
+they alone referenced (a fresh-clone suite run met one that never returned). So
+the parent gives the child a deadline and kills it past that: the snapshot fails,
+the previous one stands, and the next is tried at the next interval, instead of no
+snapshot (and so no log truncation) ever again. The log's lock is never the
+child's (`folder_lock.py`), so a hung child fences nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ from services.runtime.core.replica import Replica
 from services.runtime.snapshot_files import FileSnapshotStore, Snapshot, write_snapshot_file
 
 _PR_SET_PDEATHSIG = 1
+# A snapshot of millions of users serializes in seconds (a 25 MB one in about half a
+# second here): ten minutes means the child is stuck, not slow.
+CHILD_DEADLINE_S = 600.0
 
 
 class SnapshotFailedError(RuntimeError):
@@ -47,9 +58,15 @@ def _die_with_parent() -> None:
 
 class ForkedSnapshotWriter:
     def __init__(
-        self, store: FileSnapshotStore, release_in_child: Callable[[], None] | None = None
+        self,
+        store: FileSnapshotStore,
+        release_in_child: Callable[[], None] | None = None,
+        *,
+        child_deadline_s: float = CHILD_DEADLINE_S,
     ) -> None:
         self.store = store
+        self.child_deadline_s = child_deadline_s
+        self.children_killed = 0
         self._release_in_child = release_in_child
         self.in_progress_position: int | None = None
         self.last_result: SnapshotResult | None = None
@@ -93,7 +110,25 @@ class ForkedSnapshotWriter:
         """Wait for the child off the loop, publish the snapshot, return its position."""
         loop = asyncio.get_running_loop()
         try:
-            _, status = await loop.run_in_executor(None, os.waitpid, pid, 0)
+            # Opened before anything reaps the child, so a kill never reaches a reused pid.
+            child = os.pidfd_open(pid)
+            try:
+                reaped = loop.run_in_executor(None, os.waitpid, pid, 0)
+                try:
+                    _, status = await asyncio.wait_for(
+                        asyncio.shield(reaped), self.child_deadline_s
+                    )
+                except TimeoutError:
+                    signal.pidfd_send_signal(child, signal.SIGKILL)
+                    await reaped
+                    self.children_killed += 1
+                    self.store.discard_staged(position)
+                    raise SnapshotFailedError(
+                        f"snapshot child for position {position} ran past "
+                        f"{self.child_deadline_s:g} s and was killed"
+                    ) from None
+            finally:
+                os.close(child)
             if os.waitstatus_to_exitcode(status) != 0:
                 self.store.discard_staged(position)
                 raise SnapshotFailedError(

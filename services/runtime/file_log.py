@@ -6,7 +6,8 @@ when it is created and written in place with `O_DSYNC`, so a write returns
 only once its data is on disk and no append has to journal a file-size change
 (on this kind of disk that halves the median and tightens the tail compared
 with appending and calling `fdatasync`). The end of the data is the first
-all-zero record header. One writer per log folder is enforced with `flock`.
+all-zero record header. One writer per log folder is enforced by `FolderLock`, a lock a forked
+child never holds.
 
 On open, the newest segment is scanned: an incomplete or damaged record at the
 very end of its data is a torn write from a crash and is cut off; damage that
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import threading
 import time
@@ -39,6 +39,7 @@ from services.runtime.core.log_batch import (
     record_length_at,
 )
 from services.runtime.errors import LogCorruptedError, LogFencedError
+from services.runtime.folder_lock import FolderLock
 from services.runtime.log_store import LogTail
 from services.runtime.writer_thread import WriterThread
 
@@ -210,7 +211,7 @@ class FileLogStore:
         self._spare_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-spare")
         self._spare: Future[None] | None = None
         self._closing = threading.Event()
-        self._lock_descriptor: int | None = None
+        self._lock = FolderLock(directory)
         self._active_descriptor: int | None = None
         self._active_size = 0
         self._next_position = 1
@@ -224,7 +225,7 @@ class FileLogStore:
 
     def open_sync(self) -> LogTail:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._acquire_lock()
+        self._lock.acquire()
         segments = list_segments(self.directory)
         torn = 0
         last_position = 0
@@ -315,10 +316,10 @@ class FileLogStore:
         return removed
 
     def release_in_forked_child(self) -> None:
-        """In a forked child: drop inherited descriptors so the lock dies with the parent."""
-        for descriptor in (self._lock_descriptor, self._active_descriptor):
-            if descriptor is not None:
-                os.close(descriptor)
+        """In a forked child: close the descriptors it was handed and does not use."""
+        self._lock.release_in_forked_child()
+        if self._active_descriptor is not None:
+            os.close(self._active_descriptor)
 
     def close_sync(self) -> None:
         self._closing.set()
@@ -328,9 +329,7 @@ class FileLogStore:
         if self._active_descriptor is not None:
             os.close(self._active_descriptor)
             self._active_descriptor = None
-        if self._lock_descriptor is not None:
-            os.close(self._lock_descriptor)
-            self._lock_descriptor = None
+        self._lock.release()
 
     # --- LogStore protocol ------------------------------------------------------
 
@@ -357,19 +356,6 @@ class FileLogStore:
     def _run(self, function: Callable[..., ResultT], *arguments: object) -> asyncio.Future[ResultT]:
         """Submit to the writer thread at once; the caller awaits when it needs to."""
         return self._writer.submit(function, *arguments)
-
-    def _acquire_lock(self) -> None:
-        if self._lock_descriptor is not None:
-            return
-        descriptor = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as error:
-            os.close(descriptor)
-            raise LogFencedError(
-                f"another process is writing the log in {self.directory}"
-            ) from error
-        self._lock_descriptor = descriptor
 
     def _repair_segment(self, segment: Segment) -> tuple[int, LogBatch | None, int]:
         """Cut a torn tail off `segment`: (bytes dropped, last valid batch, end of data)."""

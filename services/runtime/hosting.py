@@ -134,7 +134,13 @@ class RuntimeHost(Generic[EgressT]):
         self._ingress = CommandIngress(self.node.sequencer)
         plan = plan_for(self)
         self._plan_numbers = plan.metrics
-        serve_metrics([("sequencer", self.sequencer_numbers), *plan.metrics])
+        serve_metrics(
+            [
+                ("sequencer", self.sequencer_numbers),
+                ("snapshot", self.snapshot_numbers),
+                *plan.metrics,
+            ]
+        )
         server = grpc.aio.server(options=SERVER_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         register_status(server, "replica", self.status)
@@ -181,6 +187,7 @@ class RuntimeHost(Generic[EgressT]):
         counters["consensus_time_ms"] = replica.consensus_time_ms
         for key, value in self.sequencer_numbers().items():
             counters[f"sequencer.{key}"] = value
+        counters.update(self.snapshot_numbers())
         for name, numbers in self._plan_numbers:
             for key, value in numbers().items():
                 counters[f"{name}.{key}"] = value
@@ -211,6 +218,13 @@ class RuntimeHost(Generic[EgressT]):
 
     def replica_info(self) -> dict[str, str]:
         return {"role": "leader"}
+
+    def snapshot_numbers(self) -> dict[str, int]:
+        """A failing snapshot leaves the log untruncated: the disk fills behind it."""
+        return {
+            "snapshot_failures": self.node.snapshot_failures,
+            "snapshot_children_killed": self.node.snapshot_writer.children_killed,
+        }
 
     def sequencer_numbers(self) -> dict[str, int]:
         if not self.node.writing:

@@ -81,7 +81,8 @@ class RuntimeNode(Generic[EgressT]):
         self._last_snapshot_position = 0
         self._snapshot_tasks: set[asyncio.Task[int]] = set()
         self._snapshot_requests: list[asyncio.Future[int]] = []
-        self.snapshot_errors: list[BaseException] = []
+        self.snapshot_failures = 0
+        self.last_snapshot_error: BaseException | None = None
         # Given the oldest snapshot kept, after each one is published. Unset: the log
         # is truncated to it (one replica: its own snapshots are all that matter).
         # A replicated host sets it: the log is the group's, and so is the decision.
@@ -271,7 +272,8 @@ class RuntimeNode(Generic[EgressT]):
             await self.snapshot_writer.wait(pid, position, pause_ns, started_ns)
             await self._after_snapshot(position)
         except Exception as error:
-            self.snapshot_errors.append(error)
+            self.snapshot_failures += 1
+            self.last_snapshot_error = error
             log.error("snapshot.failed", error=str(error))
             for waiter in waiters:
                 if not waiter.done():

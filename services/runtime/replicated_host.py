@@ -158,6 +158,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
                 [
                     ("replica", self.replica_numbers),
                     ("sequencer", self.sequencer_numbers),
+                    ("snapshot", self.snapshot_numbers),
                     *plan.metrics,
                 ]
             )

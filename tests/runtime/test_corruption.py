@@ -452,6 +452,42 @@ async def test_a_snapshot_child_does_not_keep_the_log_fenced(tmp_path: Path) -> 
             os.close(descriptor)
 
 
+async def test_a_forked_child_that_never_ran_its_own_code_does_not_keep_the_log_fenced(
+    tmp_path: Path,
+) -> None:
+    """A snapshot child can hang inside `os.fork` itself (CPython runs finalizers there
+    while it drops the other threads' states), before it could close anything: it holds a
+    copy of every descriptor. A `flock` on LOCK was shared with it, and the writer restarted
+    after a SIGKILL met LogFencedError for as long as the orphan lived (a fresh-clone
+    suite run, `test_a_colocated_cluster_killed_under_load_loses_or_doubles_nothing`). The
+    lock is the writer process's own, and dies with it."""
+    store = FileLogStore(tmp_path / "log", segment_bytes=SMALL_SEGMENT)
+    await store.open()
+    hold_read, hold_write = os.pipe()
+    child = os.fork()
+    if child == 0:  # every descriptor inherited, none closed: wait to be let go
+        os.read(hold_read, 1)
+        os._exit(0)
+    try:
+        await store.close()  # as when the writer dies
+        restarted = FileLogStore(tmp_path / "log", segment_bytes=SMALL_SEGMENT)
+        try:
+            await restarted.open()
+            second = FileLogStore(tmp_path / "log", segment_bytes=SMALL_SEGMENT)
+            try:
+                with pytest.raises(LogFencedError):  # and it is the one writer again
+                    await second.open()
+            finally:
+                await second.close()
+        finally:
+            await restarted.close()
+    finally:
+        os.write(hold_write, b"g")
+        await asyncio.to_thread(os.waitpid, child, 0)
+        os.close(hold_read)
+        os.close(hold_write)
+
+
 # --- (f) (g) snapshots ------------------------------------------------------------------------
 
 
