@@ -1,4 +1,4 @@
-"""What the persister tells the shard: hydrations, flush answers, dedup answers.
+"""What the persister tells the shard: hydrations, flush answers, dedup answers, its cursor.
 
 They travel as mesh commands on the shared `ShardLink` (no result comes back).
 Each is safe to lose or repeat: the shard asks again for hydrations and dedup
@@ -56,4 +56,10 @@ def dedup_answer(
     answer.seen = original is not None
     if original is not None:
         answer.original.CopyFrom(original)
+    return command
+
+
+def persisted(through_position: int) -> shard_pb2.ShardCommand:
+    command = shard_pb2.ShardCommand()
+    command.persisted.through_position = through_position
     return command

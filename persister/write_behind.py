@@ -124,6 +124,11 @@ class WriteBehind:
         self._committed_through = buffer.complete_through
         self._committed = asyncio.Condition()
         self._cursor_written_at = float("-inf")
+        # The cursor stored in PostgreSQL, and the last value told to the shard, which
+        # logs it (`Persisted`) so its replicas keep egress after it replayable.
+        self._cursor_stored = buffer.complete_through
+        self._cursor_reported = 0
+        self._cursor_reported_at = float("-inf")
 
     @property
     def committed_through(self) -> int:
@@ -187,10 +192,12 @@ class WriteBehind:
                     async with self.store.transaction() as session:
                         await write_cursor(session, self.shard_id, through)
                     self._cursor_written_at = now
+                    self._cursor_stored = through
                 self._committed_through = through
                 async with self._committed:
                     self._committed.notify_all()
             self.buffer.release(0, through)
+            await self._report_cursor()
             return
         traced_from_ns = time.time_ns() if self.buffer.traces else 0
         try:
@@ -207,6 +214,7 @@ class WriteBehind:
             outcome.add("batch_fallbacks")
         self.buffer.release(len(ops), through)
         self._cursor_written_at = asyncio.get_running_loop().time()
+        self._cursor_stored = max(self._cursor_stored, through)
         self._committed_through = max(self._committed_through, through)
         if traced_from_ns:
             self.buffer.traces.committed(through, traced_from_ns)
@@ -215,6 +223,19 @@ class WriteBehind:
             await self.shard.send([_flush_answer(flush) for flush in outcome.flushes])
         async with self._committed:
             self._committed.notify_all()
+        await self._report_cursor()
+
+    async def _report_cursor(self) -> None:
+        """Tell the shard the stored cursor, at most once a second: one log entry a
+        second, and a shard restarted into leadership replays from a snapshot at or
+        before it (services/runtime/core/snapshot_policy.py). A report lost on a broken
+        link is made good by the next one."""
+        stored = self._cursor_stored
+        now = asyncio.get_running_loop().time()
+        if stored <= self._cursor_reported or now - self._cursor_reported_at < CURSOR_REFRESH_S:
+            return
+        self._cursor_reported, self._cursor_reported_at = stored, now
+        await self.shard.send([answers.persisted(stored)])
 
     def _count(self, outcome: _Outcome) -> None:
         self.counters.add("transactions")

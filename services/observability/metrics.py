@@ -86,6 +86,7 @@ GAUGES = frozenset(
         "egress_retained_records",
         "egress_retained_items",
         "egress_oldest_position",
+        "persisted_through",
         # a matcher group (services/matcher/core/machine.py)
         "resting_orders",
         "known_order_ids",

@@ -63,8 +63,11 @@ class ForkedSnapshotWriter:
         release_in_child: Callable[[], None] | None = None,
         *,
         child_deadline_s: float = CHILD_DEADLINE_S,
+        egress_floor: Callable[[], int | None] | None = None,
     ) -> None:
         self.store = store
+        # Read on the loop when a snapshot is published: which older one to keep too.
+        self._egress_floor = egress_floor
         self.child_deadline_s = child_deadline_s
         self.children_killed = 0
         self._release_in_child = release_in_child
@@ -134,7 +137,8 @@ class ForkedSnapshotWriter:
                 raise SnapshotFailedError(
                     f"snapshot child for position {position} exited with status {status}"
                 )
-            await loop.run_in_executor(None, self.store.publish, position)
+            floor = self._egress_floor() if self._egress_floor is not None else None
+            await loop.run_in_executor(None, self.store.publish, position, floor)
         finally:
             self.in_progress_position = None
         self.last_result = SnapshotResult(

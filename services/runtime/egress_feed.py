@@ -101,6 +101,13 @@ class DurableEgressFeed(Generic[EgressT]):
         self._durable_position = batch.last_position
         self._wake()
 
+    def clear(self) -> None:
+        """Forget every record (recovery replays again from an older snapshot, before
+        anyone subscribed)."""
+        self._records.clear()
+        self._items = 0
+        self._durable_position = 0
+
     def close(self) -> None:
         self._closed = True
         self._wake()

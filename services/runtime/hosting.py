@@ -128,7 +128,9 @@ class RuntimeHost(Generic[EgressT]):
         return local
 
     async def run(self, plan_for: Callable[[RuntimeHost[EgressT]], HostPlan]) -> None:
-        self.recovery = await self.node.recover(on_replayed=self.feed.publish)
+        self.recovery = await self.node.recover(
+            on_replayed=self.feed.publish, on_rewound=self.feed.clear
+        )
         settle_long_lived_state()
         self.feed.start_at(self.node.replica.applied_position)
         self._ingress = CommandIngress(self.node.sequencer)

@@ -20,17 +20,22 @@ import structlog
 
 from services.runtime.background_snapshot import ForkedSnapshotWriter
 from services.runtime.core.replica import Replica, ReplicaInvariantError
+from services.runtime.core.snapshot_policy import (
+    EMPTY_STATE,
+    log_needed_after,
+    replay_again_from,
+)
 from services.runtime.core.state_machine import StateMachine
 from services.runtime.errors import LogCorruptedError, SnapshotUnavailableError
 from services.runtime.file_log import FileLogStore
-from services.runtime.log_store import LogStore
+from services.runtime.log_store import LogStore, LogTail
 from services.runtime.sequencer import (
     DurableHandler,
     Sequencer,
     SequencerSettings,
     wall_clock_ms,
 )
-from services.runtime.snapshot_files import FileSnapshotStore
+from services.runtime.snapshot_files import FileSnapshotStore, Snapshot
 
 log = structlog.get_logger(__name__)
 EgressT = TypeVar("EgressT")
@@ -65,15 +70,25 @@ class RuntimeNode(Generic[EgressT]):
         log_store: LogStore | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
         on_durable: DurableHandler[EgressT] | None = None,
+        egress_floor: Callable[[], int | None] | None = None,
     ) -> None:
         self.settings = settings
+        # The machine's egress floor (`core/snapshot_policy.py`): which older snapshot is
+        # kept, and replayed from at a restart, so a consumer finds its next position.
+        self.egress_floor = egress_floor
         self.replica: Replica[EgressT] = Replica(machine, settings.checkpoint_interval_entries)
+        # The state before the log's first entry, as a snapshot: a restart whose egress
+        # floor is before every snapshot kept replays the whole log from it.
+        self._empty_state = machine.snapshot() if egress_floor is not None else b""
+        self._empty_state_hash = machine.state_hash() if egress_floor is not None else b""
         self.log_store: LogStore = log_store or FileLogStore(settings.data_dir / "log")
         self.snapshots = FileSnapshotStore(
             settings.data_dir / "snapshots", settings.snapshots_retained
         )
         self.snapshot_writer = ForkedSnapshotWriter(
-            self.snapshots, getattr(self.log_store, "release_in_forked_child", None)
+            self.snapshots,
+            getattr(self.log_store, "release_in_forked_child", None),
+            egress_floor=egress_floor,
         )
         self._clock_ms = clock_ms
         self.on_durable = on_durable  # may be set until recover() builds the sequencer
@@ -95,17 +110,80 @@ class RuntimeNode(Generic[EgressT]):
         return self._sequencer
 
     async def recover(
-        self, on_replayed: DurableHandler[EgressT] | None = None, *, writer: bool = True
+        self,
+        on_replayed: DurableHandler[EgressT] | None = None,
+        *,
+        writer: bool = True,
+        on_rewound: Callable[[], None] | None = None,
     ) -> RecoveryReport:
         """Newest valid snapshot + replay of the log after it; no database read.
 
         `on_replayed` receives the egress of every replayed record, so a durable
-        egress feed covers the tail again after a restart. With `writer` false (a
+        egress feed covers the tail again after a restart. If the machine's egress floor
+        is then still before that snapshot, the replay is done again from the newest
+        snapshot at or before the floor (`core/snapshot_policy.py`), `on_rewound` called
+        first (the feed forgets the first pass's records). With `writer` false (a
         follower) no sequencer is built: `become_writer` builds one when it leads.
         """
         started = time.perf_counter()
         tail = await self.log_store.open()
         snapshot = self.snapshots.load_newest_valid()
+        replayed = await self._restore_and_replay(snapshot, tail, on_replayed)
+        floor = self.egress_floor() if self.egress_floor is not None else None
+        if floor is not None and snapshot is not None:
+            has_entries = tail.last_position >= tail.first_position
+            again = replay_again_from(
+                snapshot.position,
+                floor,
+                self.snapshots.positions(),
+                tail.first_position if has_entries else snapshot.position + 1,
+            )
+            older = None if again is None else self._snapshot_at_or_before(again)
+            if older is not None and older.position < snapshot.position:
+                log.warning(
+                    "runtime.replaying_for_egress",
+                    newest_snapshot=snapshot.position,
+                    egress_floor=floor,
+                    from_snapshot=older.position,
+                )
+                if on_rewound is not None:
+                    on_rewound()
+                snapshot = older
+                replayed = await self._restore_and_replay(snapshot, tail, on_replayed)
+            elif floor < snapshot.position:
+                log.warning(
+                    "runtime.egress_floor_behind_snapshots",
+                    newest_snapshot=snapshot.position,
+                    egress_floor=floor,
+                    kept=self.snapshots.positions(),
+                )
+        if writer:
+            self._build_sequencer()
+        replica = self.replica
+        report = RecoveryReport(
+            snapshot_position=snapshot.position if snapshot else 0,
+            replayed_entries=replayed,
+            applied_position=replica.applied_position,
+            torn_bytes_dropped=tail.torn_bytes_dropped,
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+        log.info("runtime.recovered", **_as_fields(report))
+        return report
+
+    def _snapshot_at_or_before(self, position: int) -> Snapshot | None:
+        """The newest valid snapshot at or before `position`; at EMPTY_STATE, the state
+        before the log's first entry."""
+        if position == EMPTY_STATE:
+            return Snapshot(EMPTY_STATE, 0, self._empty_state_hash, self._empty_state)
+        return self.snapshots.load_newest_valid(at_or_before=position)
+
+    async def _restore_and_replay(
+        self,
+        snapshot: Snapshot | None,
+        tail: LogTail,
+        on_replayed: DurableHandler[EgressT] | None,
+    ) -> int:
+        """Load `snapshot` (if any), apply the log after it to its end: entries replayed."""
         replica = self.replica
         if snapshot is not None:
             if snapshot.position > tail.last_position and tail.last_position >= tail.first_position:
@@ -139,17 +217,7 @@ class RuntimeNode(Generic[EgressT]):
             raise LogCorruptedError(
                 f"replay stopped at {replica.applied_position}, log ends at {tail.last_position}"
             )
-        if writer:
-            self._build_sequencer()
-        report = RecoveryReport(
-            snapshot_position=snapshot.position if snapshot else 0,
-            replayed_entries=replayed,
-            applied_position=replica.applied_position,
-            torn_bytes_dropped=tail.torn_bytes_dropped,
-            duration_ms=(time.perf_counter() - started) * 1000,
-        )
-        log.info("runtime.recovered", **_as_fields(report))
-        return report
+        return replayed
 
     def _build_sequencer(self) -> None:
         self._sequencer = Sequencer(
@@ -286,14 +354,20 @@ class RuntimeNode(Generic[EgressT]):
             self._sequencer.request_turn()
         return position
 
+    def log_needed_after(self) -> int:
+        """The position the log must be kept after: the oldest snapshot kept, or the
+        log's start when the egress floor is before every snapshot (`snapshot_policy`)."""
+        floor = self.egress_floor() if self.egress_floor is not None else None
+        return log_needed_after(self.snapshots.positions(), floor)
+
     async def _after_snapshot(self, position: int) -> int:
         self._last_snapshot_position = position
-        oldest = self.snapshots.oldest_retained_position()
+        needed_after = self.log_needed_after()
         if self.after_snapshot is not None:
-            await self.after_snapshot(oldest if oldest is not None else position)
-        elif oldest is not None:
-            await self.log_store.truncate_before(oldest + 1)
-        log.info("snapshot.published", position=position)
+            await self.after_snapshot(needed_after)
+        elif needed_after:
+            await self.log_store.truncate_before(needed_after + 1)
+        log.info("snapshot.published", position=position, log_kept_after=needed_after)
         return position
 
 

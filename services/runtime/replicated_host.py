@@ -96,7 +96,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
         self.gate: LeaderGate | None = None
         self.leadership: Leadership | None = None
         self.registry: ReplicaRegistry | None = None
-        self.snapshot_server = SnapshotServer(node.snapshots)
+        self.snapshot_server = SnapshotServer(node.snapshots, node.egress_floor)
         self.installed_snapshot = 0
         self.truncated_through = 0
         self.compactions = 0
@@ -146,10 +146,11 @@ class ReplicatedHost(RuntimeHost[EgressT]):
                 ttl_s=max(REGISTRY_TTL_S, 3 * replication.lease_ttl_s),
             )
             await self._install_snapshot_if_behind(session, registry)
-            self.recovery = await node.recover(on_replayed=self.feed.publish, writer=False)
+            self.recovery = await node.recover(
+                on_replayed=self.feed.publish, on_rewound=self.feed.clear, writer=False
+            )
             settle_long_lived_state()
-            oldest = node.snapshots.oldest_retained_position()
-            await registry.join(oldest or 0)
+            await registry.join(node.log_needed_after())
             node.after_snapshot = self._snapshot_published
             self.feed.start_at(node.replica.applied_position)
             plan = plan_for(self)

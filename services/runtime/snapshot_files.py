@@ -23,6 +23,7 @@ from pathlib import Path
 
 import structlog
 
+from services.runtime.core.snapshot_policy import snapshots_to_keep
 from services.runtime.file_log import fsync_directory
 
 log = structlog.get_logger(__name__)
@@ -108,7 +109,8 @@ def read_snapshot_file(path: Path, expected_position: int | None = None) -> Snap
 
 
 class FileSnapshotStore:
-    """Snapshots as files in one folder, newest kept plus `retained - 1` older ones."""
+    """Snapshots as files in one folder, newest kept plus `retained - 1` older ones (and
+    one held back for egress consumers, see `publish`)."""
 
     def __init__(self, directory: Path, retained: int = 2) -> None:
         if retained < 1:
@@ -131,12 +133,17 @@ class FileSnapshotStore:
     def staging_path(self, position: int) -> Path:
         return self.directory / f".{snapshot_name(position)}.partial"
 
-    def publish(self, position: int) -> None:
-        """Make the staged snapshot for `position` visible, then prune old ones."""
+    def publish(self, position: int, egress_floor: int | None = None) -> None:
+        """Make the staged snapshot for `position` visible, then prune old ones: all but
+        the newest `retained` and the newest at or before `egress_floor`
+        (`core/snapshot_policy.py`)."""
         os.replace(self.staging_path(position), self.path_for(position))
         fsync_directory(self.directory)
-        for old in self.positions()[: -self.retained]:
-            self.path_for(old).unlink(missing_ok=True)
+        positions = self.positions()
+        kept = set(snapshots_to_keep(positions, self.retained, egress_floor))
+        for old in positions:
+            if old not in kept:
+                self.path_for(old).unlink(missing_ok=True)
         for stale in self.directory.glob(f".{SNAPSHOT_PREFIX}*.partial"):
             if stale.name != self.staging_path(position).name:
                 stale.unlink(missing_ok=True)
@@ -144,9 +151,14 @@ class FileSnapshotStore:
     def discard_staged(self, position: int) -> None:
         self.staging_path(position).unlink(missing_ok=True)
 
-    def load_newest_valid(self, not_before: int = 0) -> Snapshot | None:
-        """Newest snapshot that verifies and is at or after `not_before`."""
+    def load_newest_valid(
+        self, not_before: int = 0, at_or_before: int | None = None
+    ) -> Snapshot | None:
+        """Newest snapshot that verifies, at or after `not_before` (and at or before
+        `at_or_before`, when given)."""
         for position in reversed(self.positions()):
+            if at_or_before is not None and position > at_or_before:
+                continue
             if position < not_before:
                 break
             path = self.path_for(position)

@@ -1,7 +1,8 @@
 """A replica's snapshot, sent to a peer that has none recent enough (chunked, checksummed).
 
 Every replica serves `oms.v1.ReplicaSnapshots/Fetch`: its newest published local
-snapshot file, as of one log position, in chunks of `CHUNK_BYTES`, with a SHA-256
+snapshot file (or the one it keeps for its egress floor, when that one is recent
+enough), as of one log position, in chunks of `CHUNK_BYTES`, with a SHA-256
 of the whole on the last chunk. A replica that starts with an empty disk, or with a
 snapshot older than the oldest record the etcd log still holds, asks the live
 peers the replica registry names (the most advanced first), writes what it
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -24,6 +25,7 @@ import structlog
 from protos.oms.v1 import replica_pb2
 from services.clients.channels import mesh_channel
 from services.coordination.replica_registry import ReplicaEntry
+from services.runtime.core.snapshot_policy import floor_snapshot
 from services.runtime.file_log import fsync_directory
 from services.runtime.snapshot_files import (
     FileSnapshotStore,
@@ -42,8 +44,14 @@ class SnapshotInstallError(RuntimeError):
 
 
 class SnapshotServer:
-    def __init__(self, snapshots: FileSnapshotStore) -> None:
+    def __init__(
+        self, snapshots: FileSnapshotStore, egress_floor: Callable[[], int | None] | None = None
+    ) -> None:
         self.snapshots = snapshots
+        # The machine's egress floor: the snapshot sent is the newest at or before it
+        # when one is recent enough, so the peer's egress covers what the persister
+        # still needs (`core/snapshot_policy.py`); else the newest.
+        self._egress_floor = egress_floor
         self.sent = 0
 
     async def fetch(
@@ -55,6 +63,9 @@ class SnapshotServer:
                 grpc.StatusCode.NOT_FOUND, f"no snapshot at or after {request.min_position}"
             )
         position = positions[-1]
+        floor = self._egress_floor() if self._egress_floor is not None else None
+        if floor is not None:
+            position = floor_snapshot(positions, floor) or position
         try:
             # Opened once: a prune that unlinks the file meanwhile leaves this copy readable.
             with self.snapshots.path_for(position).open("rb") as source:

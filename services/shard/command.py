@@ -67,8 +67,9 @@ def machine_settings(settings: ShardServiceSettings) -> ShardSettings:
 
 
 def build_host(settings: ShardServiceSettings) -> RuntimeHost[Any]:
+    machine = ShardMachine(machine_settings(settings))
     node: RuntimeNode[Any] = RuntimeNode(
-        ShardMachine(machine_settings(settings)),
+        machine,
         NodeSettings(
             data_dir=settings.data_dir,
             checkpoint_interval_entries=settings.checkpoint_interval_entries,
@@ -78,6 +79,8 @@ def build_host(settings: ShardServiceSettings) -> RuntimeHost[Any]:
                 idle_timer_interval_ms=settings.idle_timer_interval_ms,
             ),
         ),
+        # The persister resumes after its cursor: egress after it must be replayable.
+        egress_floor=lambda: machine.egress_floor,
     )
     feed: DurableEgressFeed[Any] = DurableEgressFeed(
         settings.retained_egress_records, retained_items=settings.retained_egress_items

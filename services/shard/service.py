@@ -355,6 +355,7 @@ class ShardServicer:
         status.counters["saturation_alerts"] = self.saturation_alerts
         status.counters["routing_epoch"] = statistics.routing_epoch
         status.counters["leaving_users"] = statistics.leaving_users
+        status.counters["persisted_through"] = statistics.persisted_through
         mailbox = self.marks.statistics()
         status.counters["ticks_received"] = mailbox.received
         status.counters["ticks_conflated"] = mailbox.replaced

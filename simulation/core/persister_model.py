@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from auditor.core.rows import FillRow, LedgerItem
 from services.shard.core.codec import command_to_protobuf
-from services.shard.core.commands import DedupAnswer, FlushComplete, FlushRefused, HydrateUser
+from services.shard.core.commands import (
+    DedupAnswer,
+    FlushComplete,
+    FlushRefused,
+    HydrateUser,
+    Persisted,
+)
 from services.shard.core.egress import (
     BeginDehydrate,
     DedupLookup,
@@ -53,6 +59,7 @@ RECORDS_PER_TRANSACTION = 256
 ROWS_PER_ITEM = 64
 # Flush answers sent again on a new stream (`persister/` does the same).
 RECENT_FLUSH_ANSWERS = 256
+CURSOR_REPORT_INTERVAL_MS = 1_000  # `persister/write_behind.py`: CURSOR_REFRESH_S
 
 
 class SimPersister(SimProcess):
@@ -68,6 +75,7 @@ class SimPersister(SimProcess):
         self.recent_flush_answers: deque[FlushComplete | FlushRefused] = deque(
             maxlen=RECENT_FLUSH_ANSWERS
         )
+        self.cursor_reported_at_ms = -CURSOR_REPORT_INTERVAL_MS
         super().boot()
 
     def step(self) -> None:
@@ -117,6 +125,12 @@ class SimPersister(SimProcess):
         commands: list[Any] = [self._flush_answer(answer) for answer in answers]
         self.recent_flush_answers.extend(commands)
         commands.extend(self._read(read) for read in reads)
+        now = world.scheduler.now_ms
+        if now - self.cursor_reported_at_ms >= CURSOR_REPORT_INTERVAL_MS:
+            # The stored cursor, logged by the shard: its replicas keep a snapshot at or
+            # before it and replay from there (`persister/write_behind.py` does the same).
+            self.cursor_reported_at_ms = now
+            commands.append(Persisted(world.new_correlation(), self.cursor))
         if commands:
             self._send(leader, commands)
 

@@ -13,6 +13,8 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from services.runtime.core.snapshot_policy import log_needed_after, snapshots_to_keep
+
 _HEADER = struct.Struct("<QQ")
 SNAPSHOTS_KEPT = 2
 
@@ -38,16 +40,24 @@ class ReplicaDisk:
     def write(self, position: int, consensus_time_ms: int, payload: bytes) -> SnapshotFile:
         header = _HEADER.pack(position, consensus_time_ms)
         file = SnapshotFile(position, consensus_time_ms, payload, zlib.crc32(header + payload))
+        # Kept in position order (a replay from an older snapshot writes older ones again),
+        # one file per position, as file names are.
+        self.files = [f for f in self.files if f.position != position]
         self.files.append(file)
+        self.files.sort(key=lambda f: f.position)
         return file
 
-    def sync(self, file: SnapshotFile) -> None:
+    def sync(self, file: SnapshotFile, egress_floor: int | None) -> None:
+        """The file is on disk; older ones go but the newest `SNAPSHOTS_KEPT` and the
+        newest at or before `egress_floor` (`snapshot_policy`, as `snapshot_files.py`)."""
         if file not in self.files:
             return
         file.synced = True
         synced = [f for f in self.files if f.synced]
-        for old in synced[:-SNAPSHOTS_KEPT]:
-            self.files.remove(old)
+        kept = set(snapshots_to_keep([f.position for f in synced], SNAPSHOTS_KEPT, egress_floor))
+        for old in synced:
+            if old.position not in kept:
+                self.files.remove(old)
 
     def crash(self, rng: random.Random) -> list[str]:
         """The power goes: each unsynced file is lost or left torn."""
@@ -76,14 +86,23 @@ class ReplicaDisk:
         file.payload = file.payload[:at] + flipped + file.payload[at + 1 :]
         return f"flipped a bit of snapshot {file.position} at byte {at}"
 
-    def newest_valid(self, check: bool = True) -> SnapshotFile | None:
+    def newest_valid(
+        self, check: bool = True, at_or_before: int | None = None
+    ) -> SnapshotFile | None:
         for file in reversed(self.files):
+            if at_or_before is not None and file.position > at_or_before:
+                continue
             if not check or file.valid():
                 return file
             self.damaged_skipped += 1
         return None
 
-    def oldest_kept_position(self) -> int:
-        """What this replica could recover from without the log before it."""
+    def positions(self) -> list[int]:
+        """Of every file here, ascending (a damaged one is found when it is read)."""
+        return sorted(file.position for file in self.files)
+
+    def log_needed_after(self, egress_floor: int | None) -> int:
+        """What this replica could recover from without the log before it, its egress
+        floor's snapshot included (`snapshot_policy.log_needed_after`)."""
         valid = [file.position for file in self.files if file.synced and file.valid()]
-        return min(valid, default=0)
+        return log_needed_after(valid, egress_floor)

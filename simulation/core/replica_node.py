@@ -30,13 +30,18 @@ from services.runtime.core.log_batch import (
     encode_checkpoint,
 )
 from services.runtime.core.replica import Replica, ReplicaInvariantError
+from services.runtime.core.snapshot_policy import EMPTY_STATE, replay_again_from
 from services.runtime.core.state_machine import EntryKind
 from services.shard.core.egress import Egress, ShardResult
 from services.shard.core.errors import ShardInvariantError
 from services.shard.core.shard_machine import ShardMachine
-from simulation.core.defects import ACK_BEFORE_APPEND, UNCHECKED_SNAPSHOTS
+from simulation.core.defects import (
+    ACK_BEFORE_APPEND,
+    IGNORES_EGRESS_FLOOR,
+    UNCHECKED_SNAPSHOTS,
+)
 from simulation.core.etcd_model import LogCompacted
-from simulation.core.replica_disk import ReplicaDisk
+from simulation.core.replica_disk import ReplicaDisk, SnapshotFile
 
 if TYPE_CHECKING:
     from simulation.core.world import SimWorld
@@ -99,24 +104,63 @@ class GroupReplica:
         """A process start: memory from the newest valid snapshot, then the log."""
         self.incarnation += 1
         self.boots += 1
-        self.machine = self.new_machine()
-        self.replica = Replica(self.machine, CHECKPOINT_INTERVAL_ENTRIES)
         self.fence = None
         self.lease = None
         self.pending = []
         self.checkpoint_due: tuple[int, bytes] | None = None
         self.last_timer_ms = 0
+        check = self.world.config.defect != UNCHECKED_SNAPSHOTS
+        file = self.disk.newest_valid(check=check)
+        if not self._restore(file):
+            return
+        # As `RuntimeNode.recover`: the log replayed to its end, then, if the egress
+        # floor is still before the snapshot, again from the newest one at or before it.
+        self._follow(to_end=True)
+        floor = self.egress_floor()
+        if self.stopped is None and file is not None and floor is not None:
+            first = self.world.etcd.truncated_through.get(self.group, 0) + 1
+            again = replay_again_from(file.position, floor, self.disk.positions(), first)
+            if again is not None:
+                older = None if again == EMPTY_STATE else self.disk.newest_valid(check, again)
+                if again == EMPTY_STATE or older is not None:
+                    self.world.figures["replays_for_egress"] += 1
+                    if not self._restore(older):
+                        return
+                    self._follow(to_end=True)
+        self._schedule_tick(1)
+
+    def _restore(self, file: SnapshotFile | None) -> bool:
+        """A fresh machine, from `file` if any (False: it would not load, stopped)."""
+        self.machine = self.new_machine()
+        self.replica = Replica(self.machine, CHECKPOINT_INTERVAL_ENTRIES)
         self.since_snapshot = 0
         self.reset_memory()
-        file = self.disk.newest_valid(check=self.world.config.defect != UNCHECKED_SNAPSHOTS)
         if file is not None:
             try:
                 self.replica.restore(file.payload, file.position, file.consensus_time_ms)
             except Exception as error:
                 self.stopped = f"snapshot {file.position} unreadable: {error!r}"
                 self.world.violation("replica-stopped", f"{self.name}: {self.stopped}")
-                return
-        self._schedule_tick(1)
+                return False
+        self.restored()
+        return True
+
+    def restored(self) -> None:
+        """After a snapshot (or nothing) was loaded, before the log is applied."""
+
+    def snapshot_for_peer(self, truncated_through: int) -> SnapshotFile | None:
+        """The file kept for the egress floor, if the log still follows it."""
+        floor = self.egress_floor()
+        if floor is None:
+            return None
+        file = self.disk.newest_valid(at_or_before=floor)
+        if file is None or not file.synced or file.position < truncated_through:
+            return None
+        return file
+
+    def egress_floor(self) -> int | None:
+        """The machine's egress floor, if a consumer must never skip its egress."""
+        return None
 
     def crash(self) -> None:
         """SIGKILL: memory gone, unsynced snapshot writes lost or torn; back after a while."""
@@ -196,11 +240,17 @@ class GroupReplica:
                 continue
             self.machine = self.new_machine()
             self.replica = Replica(self.machine, CHECKPOINT_INTERVAL_ENTRIES)
-            self.replica.restore(
-                peer.machine.snapshot(),
-                peer.replica.applied_position,
-                peer.replica.consensus_time_ms,
-            )
+            # As `snapshot_transfer.py`: the peer's snapshot kept for its egress floor
+            # when the log still follows it, else its state now.
+            held = peer.snapshot_for_peer(floor)
+            if held is not None:
+                self.replica.restore(held.payload, held.position, held.consensus_time_ms)
+            else:
+                self.replica.restore(
+                    peer.machine.snapshot(),
+                    peer.replica.applied_position,
+                    peer.replica.consensus_time_ms,
+                )
             self.reset_memory()
             self.snapshot_installs += 1
             self.world.figures["snapshot_installs"] += 1
@@ -303,7 +353,7 @@ class GroupReplica:
 
         def synced() -> None:
             if incarnation == self.incarnation:
-                self.disk.sync(file)
+                self.disk.sync(file, self.egress_floor())
                 if self.leading:
                     self.world.truncate_log(self.group)
 
@@ -322,6 +372,7 @@ class ShardReplica(GroupReplica):
     def reset_memory(self) -> None:
         # The durable egress window (`DurableEgressFeed`): rebuilt from the replay.
         self.window: deque[tuple[int, int, Sequence[Egress]]] = deque()
+        self.window_start = self.replica.applied_position + 1
 
     def check_machine(self) -> None:
         self.machine.check_invariants()
@@ -355,9 +406,14 @@ class ShardReplica(GroupReplica):
         found.reverse()
         return found
 
-    def boot(self) -> None:
-        super().boot()
+    def restored(self) -> None:
         self.window_start = self.replica.applied_position + 1
+
+    def egress_floor(self) -> int | None:
+        if self.world.config.defect == IGNORES_EGRESS_FLOOR:
+            return None
+        floor: int | None = self.machine.egress_floor
+        return floor
 
     def _install_from_peer(self) -> bool:
         installed = super()._install_from_peer()

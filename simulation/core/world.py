@@ -278,7 +278,7 @@ class SimWorld:
     def truncate_log(self, group: str) -> None:
         """The leader deletes records every live replica is past (their oldest snapshot)."""
         live = [n for n in self.replicas[group] if n.alive and n.stopped is None]
-        floor = min((n.disk.oldest_kept_position() for n in live), default=0)
+        floor = min((n.disk.log_needed_after(n.egress_floor()) for n in live), default=0)
         if floor > 0:
             self.figures["log_records_truncated"] += self.etcd.truncate_before(group, floor + 1)
 

@@ -109,6 +109,9 @@ async def test_every_service_exports_series_that_move_as_orders_flow(
         lambda now: (
             value(now["shard"], "oms_fills_settled_total", service="shard")
             >= value(before["shard"], "oms_fills_settled_total", service="shard") + 2 * ORDERS
+            # and the persister's cursor, reported once a second, logged past the orders
+            and value(now["shard"], "oms_persisted_through", service="shard")
+            > value(before["shard"], "oms_persisted_through", service="shard")
         ),
         timeout_s=30.0,
     )

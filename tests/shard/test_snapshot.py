@@ -7,7 +7,8 @@ import pickle
 import pytest
 
 from services.runtime.core.state_machine import ApplyContext
-from services.shard.core.commands import Command
+from services.shard.core.codec import decode_command_batch, encode_command_batch
+from services.shard.core.commands import Command, Persisted
 from services.shard.core.digest import actor_digest
 from services.shard.core.errors import SnapshotFormatError
 from services.shard.core.shard_machine import ShardMachine
@@ -100,3 +101,34 @@ def test_snapshots_refuse_other_settings_and_garbage() -> None:
         ShardMachine(driver.settings).restore(b"not a snapshot")
     with pytest.raises(SnapshotFormatError):
         ShardMachine(driver.settings).restore(pickle.dumps(ShardMachine))  # a global: refused
+
+
+def test_the_persisters_cursor_only_moves_on_and_travels_in_the_snapshot_and_hash() -> None:
+    """`Persisted`: the egress floor every replica keeps a snapshot for (snapshot_policy)."""
+    driver = ShardDriver(settings())
+    assert driver.machine.egress_floor is None  # no report yet: nothing is held back
+    before = driver.machine.state_hash()
+    assert driver.run(Persisted(0, 120)) == []  # no answer: a mesh command
+    assert driver.machine.egress_floor == 120
+    assert driver.machine.statistics().persisted_through == 120
+    assert driver.machine.state_hash() != before
+    at_120 = driver.machine.state_hash()
+    driver.run(Persisted(0, 90))  # a report re-sent late
+    assert driver.machine.egress_floor == 120 and driver.machine.state_hash() == at_120
+    decoded = decode_command_batch(encode_command_batch([Persisted(7, 130)]))
+    assert decoded == [Persisted(7, 130)]
+    replica = ShardMachine(driver.settings)
+    replica.restore(driver.machine.snapshot())
+    assert replica.egress_floor == 120 and replica.state_hash() == at_120
+
+
+def test_a_version_4_snapshot_restores_with_no_cursor() -> None:
+    """Snapshots written before the cursor was logged still load (its floor: 0)."""
+    driver = _busy_driver()
+    current = pickle.loads(driver.machine.snapshot())
+    assert current[0] == 5
+    version_4 = pickle.dumps((4, *current[1:-1]), protocol=5)
+    replica = ShardMachine(driver.settings)
+    replica.restore(version_4)
+    assert replica.egress_floor is None  # as before the persister's first report
+    assert replica.statistics() == driver.machine.statistics()

@@ -56,13 +56,26 @@ def test_a_crash_loses_or_tears_unsynced_snapshots_and_checksums_catch_damage() 
     rng = random.Random(3)
     disk = ReplicaDisk()
     synced = disk.write(10, 100, b"state at 10" * 20)
-    disk.sync(synced)
+    disk.sync(synced, None)
     disk.write(20, 200, b"state at 20" * 20)  # not synced yet
     disk.crash(rng)
     newest = disk.newest_valid()
     assert newest is not None and newest.position == 10  # lost or torn, never half-read
     only = ReplicaDisk()
-    only.sync(only.write(30, 300, b"state at 30" * 20))
+    only.sync(only.write(30, 300, b"state at 30" * 20), None)
     assert only.corrupt(rng) is not None  # one bit of it flipped
     assert only.newest_valid() is None  # the checksum refuses it
     assert only.newest_valid(check=False) is not None  # what a planted defect would read
+
+
+def test_a_disk_keeps_the_snapshot_at_or_before_the_egress_floor_and_the_log_after_it() -> None:
+    """As `snapshot_files.py`: the newest two, and the newest at or before the floor."""
+    disk = ReplicaDisk()
+    for position in (100, 200, 300, 400):
+        disk.sync(disk.write(position, position, b"state"), 250)
+    assert disk.positions() == [200, 300, 400]
+    assert disk.log_needed_after(250) == 200
+    assert disk.log_needed_after(None) == 200  # what is kept still needs its log
+    assert disk.log_needed_after(50) == 0  # before every snapshot: the whole log
+    disk.sync(disk.write(500, 500, b"state"), None)  # nobody needs the floor: newest two
+    assert disk.positions() == [400, 500]

@@ -29,6 +29,7 @@ from services.shard.core.commands import (
     MarkPrices,
     MatcherEvent,
     MatcherEvents,
+    Persisted,
     PlaceOrder,
     Reconcile,
     ReconciledOrder,
@@ -182,6 +183,8 @@ def decode_command(message: shard_pb2.ShardCommand) -> Command:
         )
     if which == "set_routing":
         return SetRouting(correlation_id, message.set_routing.document)
+    if which == "persisted":
+        return Persisted(correlation_id, message.persisted.through_position)
     return MalformedCommand(correlation_id, "no command set")
 
 
@@ -526,6 +529,8 @@ def command_to_protobuf(command: Command) -> shard_pb2.ShardCommand:
         control.note = command.note
     elif isinstance(command, SetRouting):
         message.set_routing.document = command.document
+    elif isinstance(command, Persisted):
+        message.persisted.through_position = command.through_position
     # MalformedCommand: an empty ShardCommand, which decodes back to MalformedCommand.
     return message
 

@@ -166,6 +166,13 @@ class SetRouting(NamedTuple):
     document: bytes
 
 
+class Persisted(NamedTuple):
+    """The persister's cursor: the log is in PostgreSQL through `through_position`."""
+
+    correlation_id: int
+    through_position: int
+
+
 class MalformedCommand(NamedTuple):
     """A batch item that decoded as protobuf but is not a command (no oneof, bad fields)."""
 
@@ -188,6 +195,7 @@ Command = (
     | SetRiskLimits
     | UserControl
     | SetRouting
+    | Persisted
     | MalformedCommand
 )
 

@@ -84,6 +84,7 @@ def state_hash(state: ShardState) -> bytes:
         ),
         tuple(reconcile_plain(report) for report in state.deferred_reconciles),
         state.routing_raw,
+        state.persisted_through,
     )
     return hashlib.blake2b(
         state.settings.fingerprint() + repr(shard_part).encode(),

@@ -53,6 +53,7 @@ from services.shard.core.commands import (
     MarkPrices,
     MatcherEvent,
     MatcherEvents,
+    Persisted,
     PlaceOrder,
     Reconcile,
     SetRiskLimits,
@@ -124,6 +125,7 @@ class ShardMachine:
             SetRiskLimits: self._on_set_risk_limits,
             UserControl: self._on_user_control,
             SetRouting: self._on_set_routing,
+            Persisted: self._on_persisted,
             MalformedCommand: self._on_malformed,
         }
 
@@ -202,6 +204,7 @@ class ShardMachine:
             counters=tuple(zip(COUNTER_NAMES, counters.plain(), strict=True)),
             routing_epoch=state.routing.epoch if state.routing is not None else 0,
             leaving_users=len(state.leaving),
+            persisted_through=state.persisted_through,
         )
 
     @property
@@ -351,6 +354,18 @@ class ShardMachine:
         out.append(
             ShardResult(command.correlation_id, True, routing_epoch=max(current, document.epoch))
         )
+
+    def _on_persisted(self, command: Persisted, now: int, out: list[Egress]) -> None:
+        """The persister's cursor moved on; an older report (a re-sent one) changes nothing."""
+        state = self.state
+        state.persisted_through = max(state.persisted_through, command.through_position)
+
+    @property
+    def egress_floor(self) -> int | None:
+        """The last log position whose egress PostgreSQL holds, as far as this log says:
+        the persister resumes after it, so egress after it must stay reproducible. None
+        until the persister first reports (a shard run without one holds nothing back)."""
+        return self.state.persisted_through or None
 
     def _on_place(self, command: PlaceOrder, now: int, out: list[Egress]) -> None:
         if self._not_owner(command, out):

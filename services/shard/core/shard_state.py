@@ -87,6 +87,9 @@ class ShardState:
         # derived from the actors and the document, so neither snapshotted nor hashed.
         self.leaving: dict[int, None] = {}
         self.parked_client_commands = 0
+        # The persister's cursor as of this log position (`Persisted`): egress through it
+        # is in PostgreSQL, so a replica keeps a snapshot at or before it (snapshot_policy).
+        self.persisted_through = 0
         self.dedup_waits: dict[int, None] = {}  # users with a DB dedup lookup out
         self.deferred_reconciles: list[Reconcile] = []
         self.tombstones: OrderedDict[int, int] = OrderedDict()  # evicted user -> db_version

@@ -49,9 +49,11 @@ from services.shard.core.shard_state import ParkedEvent, ParkedItem, PendingHydr
 from services.shard.core.statistics import SweepStatistics
 
 # 2: actors keep their last matcher event sequences; 3: routing; 4: operator controls
-# (an actor's trading halt, the operator and note of a parked command)
-SNAPSHOT_VERSION = 4
-_READABLE_VERSIONS = {2: 20, 3: 21, 4: 21}  # version -> fields (a 2 has no routing document)
+# (an actor's trading halt, the operator and note of a parked command); 5: the
+# persister's cursor
+SNAPSHOT_VERSION = 5
+# version -> fields (a 2 has no routing document, a 4 no persister cursor)
+_READABLE_VERSIONS = {2: 20, 3: 21, 4: 21, 5: 22}
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -256,6 +258,7 @@ def encode(state: ShardState) -> bytes:
             state.last_sweep.requeued,
         ),
         state.routing_raw,
+        state.persisted_through,
     )
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=5)
@@ -284,6 +287,7 @@ def decode_into(state: ShardState, data: bytes) -> None:
     ):
         raise SnapshotFormatError("not a shard snapshot of a version this code reads")
     routing_raw = payload[20] if len(payload) > 20 else b""
+    persisted_through = payload[21] if len(payload) > 21 else 0
     (
         _,
         fingerprint,
@@ -313,6 +317,7 @@ def decode_into(state: ShardState, data: bytes) -> None:
         state.epoch_counter = epoch_counter
         state.recency_counter = recency_counter
         state.parked_client_commands = parked_client_commands
+        state.persisted_through = persisted_through
         for plain in actors:
             actor = actor_from_plain(plain)
             state.actors[actor.user_id] = actor

@@ -195,6 +195,7 @@ class ShardStatistics:
     counters: tuple[tuple[str, int], ...]
     routing_epoch: int = 0  # the newest routing document applied (0: none yet)
     leaving_users: int = 0  # resident users the document gives to another shard
+    persisted_through: int = 0  # the persister's cursor as this log last heard it
 
     def counter(self, name: str) -> int:
         for key, value in self.counters:
