@@ -115,7 +115,14 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             "reconciler",
             f"{mesh.get('reconcile_suspects', 0):,} users suspected,"
             f" {mesh.get('reconcile_drift_confirmed', 0):,} drifts confirmed and reported"
-            f" ({mesh.get('reconcile_reports', 0):,} reports)",
+            f" ({mesh.get('reconcile_reports', 0):,} reports); the shards judged"
+            f" {mesh.get('reconciles_judged', 0):,} and healed"
+            f" {mesh.get('reconcile_heals', 0):,}",
+        ),
+        (
+            "replays for egress",
+            f"{mesh.get('replays_for_egress', 0):,} restarts replayed again from an older"
+            " snapshot for the persister's cursor",
         ),
         (
             "routing",

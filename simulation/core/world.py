@@ -67,6 +67,13 @@ CLOCK_STEP_MS = 5_000
 STORE_DOWN_MS = (50, 2_000)
 MID_APPEND_CRASH_PPM = 2_000
 SETTLE_DEADLINE_MS = 20_000
+# What a shard's reconcile may change (`services/shard/core/reconcile.py`), by counter.
+RECONCILE_HEALS = (
+    "reconcile_phantoms_closed",
+    "reconcile_reservations_released",
+    "reconcile_acceptances_healed",
+    "reconcile_impossible_states",
+)
 SETTLE_ROUND_MS = 250
 HASHES_KEPT = 4_096
 
@@ -440,8 +447,26 @@ class SimWorld:
                 return self.result(None)
         if not self.violations:
             self._settle()
+        if not self.violations:
+            self._check_reconcile_heals()
         report = None if self.violations else self._audit()
         return self.result(report)
+
+    def _check_reconcile_heals(self) -> None:
+        """No event is ever lost here, so a shard judging the reconciler's reports must
+        find nothing to heal: a heal would mean its state and a matcher's had parted.
+        (The drifts the reconciler confirms from outside are events still in flight
+        behind the bridge; the shard judges each once it has applied that sequence.)"""
+        for shard in self.shard_ids:
+            leader = self.leading_replica(shard)
+            if leader is None:
+                continue
+            counters = dict(leader.machine.statistics().counters)
+            self.figures["reconciles_judged"] += counters["reconciles_applied"]
+            heals = {name: counters[name] for name in RECONCILE_HEALS if counters[name]}
+            self.figures["reconcile_heals"] += sum(heals.values())
+            if heals:
+                self.violation("reconcile-healed", f"{shard}: {heals}")
 
     def _settle(self) -> None:
         """Faults off, every process back, every open order cancelled, writes caught up."""
