@@ -252,6 +252,7 @@ class GroupReplica:
                     peer.replica.consensus_time_ms,
                 )
             self.reset_memory()
+            self.restored()
             self.snapshot_installs += 1
             self.world.figures["snapshot_installs"] += 1
             return True
@@ -414,12 +415,6 @@ class ShardReplica(GroupReplica):
             return None
         floor: int | None = self.machine.egress_floor
         return floor
-
-    def _install_from_peer(self) -> bool:
-        installed = super()._install_from_peer()
-        if installed:
-            self.window_start = self.replica.applied_position + 1
-        return installed
 
 
 class MatcherReplica(GroupReplica):
