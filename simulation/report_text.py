@@ -130,6 +130,17 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             f" {mesh.get('user_moves_returned', 0):,} moves returned (not flat in time)",
         ),
         (
+            "scaling",
+            f"{mesh.get('scale_outs', 0):,} groups added and {mesh.get('scale_ins', 0):,}"
+            f" removed while users traded ({mesh.get('scale_waves', 0):,} waves);"
+            f" {mesh.get('scale_ins_blocked', 0):,} removals undone (users not flat),"
+            f" {mesh.get('scale_users_held', 0):,} users held on their old group at a"
+            f" cut-over; {mesh.get('wave_operations_killed', 0):,} operations cut short by"
+            f" a controller kill, {mesh.get('wave_resumes', 0):,} controllers resumed;"
+            f" {mesh.get('wave_stalls', 0):,} stalls, {mesh.get('wave_refusals', 0):,}"
+            " refusals",
+        ),
+        (
             "invariant checks",
             f"{mesh.get('conservation_checks', 0):,} cross-shard money"
             f" balances, {mesh.get('state_hashes_compared', 0):,} state"

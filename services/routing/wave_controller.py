@@ -53,6 +53,15 @@ from services.routing.core.routing_document import (
     RoutingDocument,
     RoutingDocumentError,
 )
+from services.routing.core.wave_plan import (
+    arrivals,
+    departures,
+    homes_without,
+    moved_to,
+    still_to_move,
+    stuck_at_cut_over,
+    waves_of,
+)
 from services.routing.routing_store import RoutingStore, StoredRouting
 from services.routing.shard_probe import ShardProbe
 
@@ -146,14 +155,8 @@ class WaveController:
             return self._done(progress)
         elif cluster.state != ClusterState.RECEIVING:
             raise RoutingDocumentError(f"cluster {cluster_id} is {cluster.state.value}")
-        after = (*document.hash_owners, cluster_id)
-        movers = {
-            user: cluster_id
-            for owner in document.hash_owners
-            for user in await self.shards.residents(owner)
-            if _by_hash(document, user) and rendezvous_owner(user, after) == cluster_id
-        }
-        await self._waves(movers, progress)
+        residents = {owner: await self.shards.residents(owner) for owner in document.hash_owners}
+        await self._waves(arrivals(document, residents, cluster_id), progress)
         await self._cut_over(cluster_id, progress)
         return self._done(progress)
 
@@ -173,15 +176,14 @@ class WaveController:
                 "pin them elsewhere (or unpin them) first"
             )
         if cluster.state == ClusterState.RECEIVING:
-            moved_here = {u: o for u, o in document.moves.items() if o == cluster_id}
-            await self._waves(self._homes(document, moved_here, cluster_id), progress)
+            moved_here = moved_to(document, cluster_id)
+            await self._waves(homes_without(document, moved_here, cluster_id), progress)
             await self._change(progress, lambda d: without_receiving_cluster(d, cluster_id))
             return self._done(progress)
         if cluster.state == ClusterState.ACTIVE:
             document = await self._change(progress, lambda d: with_cluster_draining(d, cluster_id))
-        residents = await self.shards.residents(cluster_id)
-        leaving = {user: cluster_id for user in residents if document.owner_of(user) == cluster_id}
-        await self._waves(self._homes(document, leaving, cluster_id), progress)
+        residents_here = await self.shards.residents(cluster_id)
+        await self._waves(departures(document, residents_here, cluster_id), progress)
         await self._cut_over(cluster_id, progress)
         return self._done(progress)
 
@@ -211,23 +213,10 @@ class WaveController:
 
     # --- steps ------------------------------------------------------------------------
 
-    def _homes(
-        self, document: RoutingDocument, users: dict[int, str], leaving: str
-    ) -> dict[int, str]:
-        """Where each of `users` goes once `leaving` is gone: the hash over the others."""
-        others = [c for c in document.hash_owners if c != leaving]
-        return {user: rendezvous_owner(user, others) for user in users}
-
     async def _waves(self, movers: dict[int, str], progress: WaveProgress) -> None:
         progress.to_move += len(movers)
-        users = sorted(movers)
-        size = self.settings.wave_size
-        for start in range(0, len(users), size):
-            wave = users[start : start + size]
-            # A user the document no longer gives by hash (pinned, moved, gone) meanwhile
-            # is left alone: the wave is re-decided on what etcd says now.
-            document = await self._document()
-            wave = [u for u in wave if document.owner_of(u) not in (None, movers[u])]
+        for planned in waves_of(movers, self.settings.wave_size):
+            wave = still_to_move(await self._document(), planned, movers)
             if wave:
                 await self._transit({u: movers[u] for u in wave}, progress, pin=False)
 
@@ -300,8 +289,7 @@ class WaveController:
             user
             for source, count in leaving.items()
             if count
-            for user in await self.shards.residents(source)
-            if document.owner_of(user) is None and user not in document.transit
+            for user in stuck_at_cut_over(document, await self.shards.residents(source))
         ]
         state = document.cluster(cluster_id)
         if stuck and state is not None and state.state == ClusterState.DEPARTING:
@@ -362,12 +350,3 @@ class WaveController:
         progress.seconds = time.monotonic() - progress.started_at
         self.report(progress)
         return progress
-
-
-def _by_hash(document: RoutingDocument, user_id: int) -> bool:
-    """Whether the user is owned by the hash (not pinned, moved or in transit)."""
-    return (
-        user_id not in document.pins
-        and user_id not in document.moves
-        and user_id not in document.transit
-    )

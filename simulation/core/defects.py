@@ -25,10 +25,16 @@ BRIDGE_FORGETS_IN_FLIGHT = "bridge-forgets-in-flight"
 # rows after its cursor (the egress gap that `oms sim --seed 80` found).
 IGNORES_EGRESS_FLOOR = "ignores-egress-floor"
 
+# The wave controller lands users (a move, a wave, a cut-over) as soon as their old
+# owner has logged the transit epoch, without waiting for it to let them go: the new
+# owner hydrates a user the old one still holds (two writers of its money).
+LANDS_BEFORE_LETTING_GO = "lands-before-letting-go"
+
 DEFECTS: tuple[str, ...] = (
     ACK_BEFORE_APPEND,
     BRIDGE_FORGETS_IN_FLIGHT,
     IGNORES_EGRESS_FLOOR,
+    LANDS_BEFORE_LETTING_GO,
     PERSISTER_TRUSTS_UNKNOWN,
     UNCHECKED_SNAPSHOTS,
 )

@@ -26,6 +26,8 @@ STORE_UNKNOWN = "store_unknown"  # the commit's outcome is not known to the call
 STORE_DOWN = "store_down"  # the database unreachable for a while
 # Routing: a user moved to another shard group while it trades (two epochs).
 USER_MOVE = "user_move"
+# Scaling: a shard group added (scale-out) or removed (scale-in) by the wave controller.
+SCALE = "scale"
 # Torn and lost snapshot writes are not kinds of their own: a crash makes them.
 
 FAULT_KINDS: tuple[str, ...] = (
@@ -35,6 +37,7 @@ FAULT_KINDS: tuple[str, ...] = (
     DROP,
     DUPLICATE,
     PAUSE,
+    SCALE,
     SNAPSHOT_CORRUPT,
     STORE_ABORT,
     STORE_DOWN,

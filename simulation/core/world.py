@@ -85,7 +85,8 @@ class SimConfig:
     markets: tuple[Market, ...]
     plan: FaultPlan = field(default_factory=FaultPlan)
     users: int = 48
-    shards: int = 2
+    shards: int = 2  # shard groups in the first routing document
+    spare_shards: int = 1  # groups running outside it: a scale-out adds one
     replicas: int = 3
     check_every_step: bool = True
     defect: str = ""  # one of `defects.DEFECTS`, planted on purpose
@@ -142,7 +143,8 @@ class SimWorld:
         self.assets = sorted(
             {m.base_asset for m in self.markets} | {m.quote_asset for m in self.markets}
         )
-        self.shard_ids = tuple(f"s{index + 1}" for index in range(config.shards))
+        groups = config.shards + config.spare_shards
+        self.shard_ids = tuple(f"s{index + 1}" for index in range(groups))
         self.matcher_groups = tuple(sorted({m.matcher_group for m in self.markets}))
         self.shard_settings = {
             shard: _shard_settings(shard, self.markets) for shard in self.shard_ids
@@ -151,7 +153,7 @@ class SimWorld:
             group: _engine_settings(group, self.markets) for group in self.matcher_groups
         }
         self.routing = RoutingDocument.build(
-            1, [Cluster(shard, ClusterState.ACTIVE) for shard in self.shard_ids]
+            1, [Cluster(shard, ClusterState.ACTIVE) for shard in self.shard_ids[: config.shards]]
         )
         self.hashes: dict[str, dict[int, tuple[bytes, str]]] = {}
         self.last_fence: dict[str, int] = {}
@@ -317,6 +319,7 @@ class SimWorld:
                 *nodes,
                 self.bridge,
                 *(self.persisters[s] for s in self.shard_ids),
+                self.waves,
             ]
             target = targets[rng.randrange(len(targets))]
             if not target.alive:
@@ -481,10 +484,11 @@ class SimWorld:
                 node.paused_until_ms = min(node.paused_until_ms, now)
                 if not node.alive:
                     node.restart()
-        processes: list[SimProcess] = [
+        processes: list[SimProcess | SimWaves] = [
             self.bridge,
             *self.persisters.values(),
             *self.reconcilers.values(),
+            self.waves,
         ]
         for process in processes:
             if not process.alive:
@@ -496,6 +500,7 @@ class SimWorld:
                 next_round = self.scheduler.now_ms + SETTLE_ROUND_MS
                 if self._settled():
                     return
+                self.waves.settle_round()
                 self._cancel_open_orders()
             self._step()
         if not self.violations:
@@ -515,8 +520,8 @@ class SimWorld:
 
     def _unsettled(self) -> str:
         clients = self.clients
-        if self.waves.moving is not None:
-            return f"user {self.waves.moving.user_id} in transit"
+        if not self.waves.idle:
+            return f"routing: {self.waves.running or 'transit or cut-over'} under way"
         if clients.outstanding:
             return f"{len(clients.outstanding)} client requests unanswered"
         for shard in self.shard_ids:
@@ -629,6 +634,7 @@ class SimWorld:
                 "orders_stored": len(self.store.orders),
                 "users_moved": self.waves.landed,
                 "user_moves_returned": self.waves.returned,
+                **self.waves.figures,
                 "routing_epoch": self.routing.epoch,
                 "fills_stored": len(self.store.fills),
             },
