@@ -45,10 +45,13 @@ class Ownership:
         self.evict_leaving(now_ms, out)
 
     def evict_leaving(self, now_ms: int, out: list[Egress]) -> int:
-        """Begin the eviction of every flat leaving user (at most the sweep's cap)."""
+        """Begin the eviction of every flat leaving user (at most the sweep's cap), in
+        user order: `leaving` grows in the order documents and hydrations came, but a
+        restore rebuilds it in the actors' order of its snapshot, and the order of
+        beginning decides the actors' recency (which the state hash covers)."""
         state = self.state
         begun = 0
-        for user_id in list(state.leaving):
+        for user_id in sorted(state.leaving):
             actor = state.actors.get(user_id)
             if actor is None:
                 del state.leaving[user_id]
