@@ -120,6 +120,15 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             f" {mesh.get('reconcile_heals', 0):,}",
         ),
         (
+            "etcd outages",
+            f"{mesh.get('etcd_refusals', 0):,} calls refused without a quorum;"
+            f" {mesh.get('leaders_ended_etcd_unavailable', 0):,} leaders ended past their"
+            f" append deadline, {mesh.get('starts_failed_etcd_unavailable', 0):,} starts"
+            f" failed and retried; {mesh.get('etcd_unanswered_commits', 0):,} appends"
+            f" committed unanswered ({mesh.get('etcd_own_appends_found', 0):,} found by"
+            " their own retry, the rest by the next leader's read)",
+        ),
+        (
             "replays for egress",
             f"{mesh.get('replays_for_egress', 0):,} restarts replayed again from an older"
             " snapshot for the persister's cursor",

@@ -30,11 +30,17 @@ IGNORES_EGRESS_FLOOR = "ignores-egress-floor"
 # owner hydrates a user the old one still holds (two writers of its money).
 LANDS_BEFORE_LETTING_GO = "lands-before-letting-go"
 
+# A shard or matcher leader takes an append etcd did not answer (quorum lost) as
+# appended: it applies the record and acknowledges its commands. When the append did
+# not commit, what it acknowledged is not in the log.
+TRUSTS_UNANSWERED_APPEND = "trusts-unanswered-append"
+
 DEFECTS: tuple[str, ...] = (
     ACK_BEFORE_APPEND,
     BRIDGE_FORGETS_IN_FLIGHT,
     IGNORES_EGRESS_FLOOR,
     LANDS_BEFORE_LETTING_GO,
     PERSISTER_TRUSTS_UNKNOWN,
+    TRUSTS_UNANSWERED_APPEND,
     UNCHECKED_SNAPSHOTS,
 )

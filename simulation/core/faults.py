@@ -24,6 +24,8 @@ SNAPSHOT_CORRUPT = "snapshot_corrupt"  # a bit of the newest snapshot flipped, t
 STORE_ABORT = "store_abort"  # a transaction refused (serialization, connection lost)
 STORE_UNKNOWN = "store_unknown"  # the commit's outcome is not known to the caller
 STORE_DOWN = "store_down"  # the database unreachable for a while
+# etcd: its quorum lost for a while (every call unanswered, leases standing still).
+ETCD_DOWN = "etcd_down"
 # Routing: a user moved to another shard group while it trades (two epochs).
 USER_MOVE = "user_move"
 # Scaling: a shard group added (scale-out) or removed (scale-in) by the wave controller.
@@ -36,6 +38,7 @@ FAULT_KINDS: tuple[str, ...] = (
     DELAY,
     DROP,
     DUPLICATE,
+    ETCD_DOWN,
     PAUSE,
     SCALE,
     SNAPSHOT_CORRUPT,
@@ -45,7 +48,14 @@ FAULT_KINDS: tuple[str, ...] = (
     STREAM_BREAK,
     USER_MOVE,
 )
-PROCESS_FAULTS: tuple[str, ...] = (CLOCK_STEP, CRASH, PAUSE, SNAPSHOT_CORRUPT, STORE_DOWN)
+PROCESS_FAULTS: tuple[str, ...] = (
+    CLOCK_STEP,
+    CRASH,
+    ETCD_DOWN,
+    PAUSE,
+    SNAPSHOT_CORRUPT,
+    STORE_DOWN,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,10 @@ It does what `services/runtime/replicated_host.py` does, step by step:
   fenced by its term, and only then applies it and releases its egress;
 - a leader whose append is fenced or whose lease is gone stops at once and starts
   again as a follower (crash-only), losing what it had not appended;
+- while etcd has no quorum a leader retries its append (the same record) and ends
+  once it has failed for `APPEND_TIMEOUT_MS` (`EtcdLogStore`'s deadline); a
+  follower reads again on its next tick; a process that cannot read the log at its
+  start ends and is started again by its supervisor;
 - every few records it writes a snapshot, and the leader truncates the log behind
   the oldest snapshot any live replica still keeps; a replica whose position was
   truncated installs a peer's snapshot.
@@ -38,9 +42,10 @@ from services.shard.core.shard_machine import ShardMachine
 from simulation.core.defects import (
     ACK_BEFORE_APPEND,
     IGNORES_EGRESS_FLOOR,
+    TRUSTS_UNANSWERED_APPEND,
     UNCHECKED_SNAPSHOTS,
 )
-from simulation.core.etcd_model import LogCompacted
+from simulation.core.etcd_model import EtcdUnavailable, LogCompacted
 from simulation.core.replica_disk import ReplicaDisk, SnapshotFile
 
 if TYPE_CHECKING:
@@ -56,6 +61,9 @@ COMMANDS_PER_ENTRY = 64
 ENTRIES_PER_RECORD = 8
 RECORDS_PER_READ = 32
 RETAINED_EGRESS_RECORDS = 5_000
+# As `EtcdLogStore.append_timeout_s` against the lease TTL (5 s against 2 s there).
+APPEND_TIMEOUT_MS = 2_500
+RESTART_BACKOFF_MS = 200  # the supervisor's wait before starting a process again
 
 _COMMAND = int(EntryKind.COMMAND)
 _TIMER = int(EntryKind.TIMER)
@@ -109,6 +117,23 @@ class GroupReplica:
         self.pending = []
         self.checkpoint_due: tuple[int, bytes] | None = None
         self.last_timer_ms = 0
+        self.in_flight: tuple[LogBatch, bytes] | None = None  # an append being retried
+        self.unanswered_since_ms: int | None = None
+        try:
+            self._recover()
+        except EtcdUnavailable:
+            # The log cannot be read: the process ends, its supervisor starts it again.
+            self.world.figures["starts_failed_etcd_unavailable"] += 1
+            self.alive = False
+            self.incarnation += 1
+            self.world.scheduler.after(RESTART_BACKOFF_MS, f"restart {self.name}", self._supervise)
+
+    def _supervise(self) -> None:
+        """The supervisor starting a process that ended by itself (unless it is up)."""
+        if not self.alive:
+            self.restart()
+
+    def _recover(self) -> None:
         check = self.world.config.defect != UNCHECKED_SNAPSHOTS
         file = self.disk.newest_valid(check=check)
         if not self._restore(file):
@@ -179,7 +204,10 @@ class GroupReplica:
             self.boot()
 
     def _restart_as_follower(self, why: str) -> None:
-        self.world.figures["fenced_leader_restarts"] += 1
+        unavailable = "unavailable" in why
+        self.world.figures[
+            "leaders_ended_etcd_unavailable" if unavailable else "fenced_leader_restarts"
+        ] += 1
         self.world.faults.trace.append(f"{self.world.scheduler.now_ms} {self.name} stops: {why}")
         self.boot()
 
@@ -206,11 +234,14 @@ class GroupReplica:
         if self.fence is not None:
             self._lead()
             return
-        if self.lease is None or not etcd.keep_alive(self.lease):
-            self.lease = etcd.grant(LEASE_TTL_MS)
-        self._follow()
-        if self.stopped is None and incarnation == self.incarnation:
-            self._campaign()
+        try:
+            if self.lease is None or not etcd.keep_alive(self.lease):
+                self.lease = etcd.grant(LEASE_TTL_MS)
+            self._follow()
+            if self.stopped is None and incarnation == self.incarnation:
+                self._campaign()
+        except EtcdUnavailable:
+            pass  # asked again on the next tick
 
     # --- follower --------------------------------------------------------------------
 
@@ -266,7 +297,11 @@ class GroupReplica:
         if fence is None:
             return
         # Nobody else can append now: read to the end, then lead.
-        self._follow(to_end=True)
+        try:
+            self._follow(to_end=True)
+        except EtcdUnavailable:
+            self._restart_as_follower("log unavailable after winning")
+            return
         if self.stopped is not None:
             return
         self.fence = fence
@@ -276,8 +311,29 @@ class GroupReplica:
     # --- leader ----------------------------------------------------------------------
 
     def _lead(self) -> None:
+        try:
+            self._lead_once()
+        except EtcdUnavailable:
+            if self.in_flight is not None and self.world.config.defect == TRUSTS_UNANSWERED_APPEND:
+                data = self.in_flight[1]
+                self.in_flight = None
+                self._apply_record(data, leading=True)
+            now = self.world.scheduler.now_ms
+            if self.unanswered_since_ms is None:
+                self.unanswered_since_ms = now
+            elif now - self.unanswered_since_ms >= APPEND_TIMEOUT_MS:
+                self._restart_as_follower("log unavailable")
+            return
+        self.unanswered_since_ms = None
+
+    def _lead_once(self) -> None:
         etcd = self.world.etcd
         assert self.fence is not None and self.lease is not None
+        if self.in_flight is not None:
+            # The append etcd did not answer, sent again (it may have committed).
+            batch, data = self.in_flight
+            self._append_then_apply(batch, data)
+            return
         # A process that resumes may append before its keep-alive runs, or after.
         keep_alive_first = self.world.rng.randrange(2) == 0
         if keep_alive_first and not etcd.keep_alive(self.lease):
@@ -306,17 +362,26 @@ class GroupReplica:
                 ):
                     self._restart_as_follower("append fenced")
                 return
-            if not etcd.append(
-                self.group, self.fence, batch.first_position, batch.last_position, data
-            ):
-                self._restart_as_follower("append fenced")
+            self._append_then_apply(batch, data)
+            if self.fence is None or not self.alive:
                 return
-            self.world.record_appended(self.group, batch.first_position, self.fence)
-            if self.world.crash_between_append_and_apply(self):
-                return
-            self._apply_record(data, leading=True)
         if not keep_alive_first and self.fence is not None and not etcd.keep_alive(self.lease):
             self._restart_as_follower("lease lost")
+
+    def _append_then_apply(self, batch: LogBatch, data: bytes) -> None:
+        assert self.fence is not None
+        self.in_flight = (batch, data)
+        appended = self.world.etcd.append(
+            self.group, self.fence, batch.first_position, batch.last_position, data
+        )
+        self.in_flight = None
+        if not appended:
+            self._restart_as_follower("append fenced")
+            return
+        self.world.record_appended(self.group, batch.first_position, self.fence)
+        if self.world.crash_between_append_and_apply(self):
+            return
+        self._apply_record(data, leading=True)
 
     # --- applying --------------------------------------------------------------------
 

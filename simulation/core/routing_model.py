@@ -90,6 +90,7 @@ class SimWaves:
         self.alive = True
         self.incarnation = 0
         self.running: str | None = None  # the operation under way
+        self.scale_due = False  # a scaling operation waits for the one under way
         self.landed = 0
         self.returned = 0
         self.figures: dict[str, int] = {
@@ -112,6 +113,7 @@ class SimWaves:
         if self.running is not None:
             self.figures["wave_operations_killed"] += 1
         self.alive = False
+        self.scale_due = False
         self.incarnation += 1
         self.running = None
 
@@ -137,7 +139,7 @@ class SimWaves:
     def _start_move(self) -> None:
         world = self.world
         world.scheduler.after(world.rng.randrange(*MOVE_EVERY_MS), "move", self._start_move)
-        if not self._may_start(USER_MOVE):
+        if self.scale_due or not self._may_start(USER_MOVE):
             return
         document = world.routing
         user = world.clients.users[world.rng.randrange(len(world.clients.users))]
@@ -153,6 +155,13 @@ class SimWaves:
     def _start_scale(self) -> None:
         world = self.world
         world.scheduler.after(world.rng.randrange(*SCALE_EVERY_MS), "scale", self._start_scale)
+        self._scale()
+
+    def _scale(self) -> None:
+        """A scale-out or a scale-in, as the document allows; once the operation under
+        way ends if there is one (user moves wait meanwhile)."""
+        world = self.world
+        self.scale_due = self.running is not None and self.alive and world.plan.on(SCALE)
         if not self._may_start(SCALE):
             return
         document = world.routing
@@ -199,7 +208,7 @@ class SimWaves:
             try:
                 delay = next(steps)
             except StopIteration:
-                self.running = None
+                self._ended()
                 return
             except (RoutingDocumentError, WaveStalled, WaveBlocked) as error:
                 if isinstance(error, WaveStalled):
@@ -209,11 +218,16 @@ class SimWaves:
                 else:
                     self.figures["wave_refusals"] += 1
                 world.faults.trace.append(f"{world.scheduler.now_ms} waves {name}: {error}")
-                self.running = None
+                self._ended()
                 return
             world.scheduler.after(delay, "waves", step)
 
         step()
+
+    def _ended(self) -> None:
+        self.running = None
+        if self.scale_due:
+            self._scale()
 
     # --- operations (as `WaveController`'s) ----------------------------------------------
 

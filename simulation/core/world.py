@@ -18,6 +18,7 @@ every acknowledged order and transfer there once, everything flat.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 from collections import Counter
@@ -38,10 +39,11 @@ from services.shard.core.settings import SymbolSettings as ShardSymbol
 from services.shard.core.user_state import UserState
 from simulation.core.bridge_model import SimBridge
 from simulation.core.clients import SimClients
-from simulation.core.etcd_model import SimEtcd
+from simulation.core.etcd_model import EtcdUnavailable, SimEtcd
 from simulation.core.faults import (
     CLOCK_STEP,
     CRASH,
+    ETCD_DOWN,
     NO_FAULTS,
     PAUSE,
     PROCESS_FAULTS,
@@ -65,6 +67,8 @@ CRASH_DOWN_MS = (20, 1_500)
 PAUSE_MS = (300, 3_000)  # past the lease TTL: a zombie leader
 CLOCK_STEP_MS = 5_000
 STORE_DOWN_MS = (50, 2_000)
+# Shorter and longer than a leader's append deadline (`APPEND_TIMEOUT_MS`, 2.5 s).
+ETCD_DOWN_MS = (100, 4_000)
 MID_APPEND_CRASH_PPM = 2_000
 SETTLE_DEADLINE_MS = 20_000
 # What a shard's reconcile may change (`services/shard/core/reconcile.py`), by counter.
@@ -134,7 +138,7 @@ class SimWorld:
         self.faults = FaultLog()
         self.plan = config.plan
         self.network = Network(self.scheduler, self.rng, self.plan, self.faults)
-        self.etcd = SimEtcd(self.scheduler)
+        self.etcd = SimEtcd(self.scheduler, self.rng)
         self.store = SimPostgres(self.scheduler, self.rng, self.plan, self.faults)
         self.figures: Counter[str] = Counter()
         self.violations: list[Violation] = []
@@ -187,7 +191,7 @@ class SimWorld:
         return self.replicas[group]
 
     def leading_replica(self, group: str) -> Any:
-        key = self.etcd.leader(group)
+        key = self.etcd.holder(group)
         if key is None:
             return None
         for node in self.replicas[group]:
@@ -223,7 +227,7 @@ class SimWorld:
         if shard is None:
             return False
         message = command_to_protobuf(command)
-        key = self.etcd.leader(shard)
+        key = self.etcd.holder(shard)
         target = next((n for n in self.replicas[shard] if key and n.name == key.holder), None)
 
         def arrive() -> None:
@@ -289,7 +293,8 @@ class SimWorld:
         live = [n for n in self.replicas[group] if n.alive and n.stopped is None]
         floor = min((n.disk.log_needed_after(n.egress_floor()) for n in live), default=0)
         if floor > 0:
-            self.figures["log_records_truncated"] += self.etcd.truncate_before(group, floor + 1)
+            with contextlib.suppress(EtcdUnavailable):  # the next snapshot truncates
+                self.figures["log_records_truncated"] += self.etcd.truncate_before(group, floor + 1)
 
     def crash_between_append_and_apply(self, node: GroupReplica) -> bool:
         if not self.plan.on(CRASH) or self.rng.randrange(1_000_000) >= MID_APPEND_CRASH_PPM:
@@ -351,6 +356,11 @@ class SimWorld:
                 self.faults.note(now, SNAPSHOT_CORRUPT, f"{node.name}: {what}, then a crash")
                 self.last_fault[node.group] = SNAPSHOT_CORRUPT
                 self._crash(node)
+        elif kind == ETCD_DOWN:
+            self.etcd.go_down(now + rng.randrange(*ETCD_DOWN_MS))
+            self.faults.note(now, ETCD_DOWN, f"until {self.etcd.down_until_ms}")
+            for group in self.replicas:
+                self.last_fault[group] = ETCD_DOWN
         elif kind == STORE_DOWN:
             self.store.down_until_ms = now + rng.randrange(*STORE_DOWN_MS)
             self.faults.note(now, STORE_DOWN, f"until {self.store.down_until_ms}")
@@ -369,7 +379,7 @@ class SimWorld:
             # Served: a leader that is up, leads, and is not paused. Measured from the
             # first election on, so the start of a run does not count.
             node = self.leading_replica(group)
-            serving = node is not None and node.paused_until_ms <= now
+            serving = node is not None and node.paused_until_ms <= now and self.etcd.available
             unserved = self.leaderless_since.get(group)
             if serving:
                 if unserved is not None:
@@ -477,6 +487,7 @@ class SimWorld:
         self.network.plan = NO_FAULTS
         self.store.plan = NO_FAULTS
         self.store.down_until_ms = 0
+        self.etcd.come_back()
         self.clients.settling = True
         now = self.scheduler.now_ms
         for group in sorted(self.replicas):
@@ -624,6 +635,9 @@ class SimWorld:
             | {
                 "etcd_appends": self.etcd.appends,
                 "etcd_fenced_appends": self.etcd.fenced_appends,
+                "etcd_refusals": self.etcd.refusals,
+                "etcd_unanswered_commits": self.etcd.unanswered_commits,
+                "etcd_own_appends_found": self.etcd.own_appends_found,
                 "messages": self.network.messages,
                 "store_committed": self.store.outcomes["committed"],
                 "store_aborted": self.store.outcomes["aborted"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from simulation.core.etcd_model import LogCompacted, SimEtcd
+from simulation.core.etcd_model import EtcdUnavailable, LogCompacted, SimEtcd
 from simulation.core.faults import NO_FAULTS, STORE_UNKNOWN, FaultLog, FaultPlan
 from simulation.core.replica_disk import ReplicaDisk
 from simulation.core.scheduler import Scheduler
@@ -79,3 +79,58 @@ def test_a_disk_keeps_the_snapshot_at_or_before_the_egress_floor_and_the_log_aft
     assert disk.log_needed_after(50) == 0  # before every snapshot: the whole log
     disk.sync(disk.write(500, 500, b"state"), None)  # nobody needs the floor: newest two
     assert disk.positions() == [400, 500]
+
+
+def test_an_etcd_outage_refuses_every_call_and_stops_the_lease_clock() -> None:
+    """Quorum lost: every call refused, no lease expires meanwhile, and the first call
+    after it finds every lease extended to a TTL past the outage (etcd's promotion)."""
+    scheduler = Scheduler()
+    etcd = SimEtcd(scheduler, random.Random(1))
+    lease = etcd.grant(1_000)
+    fence = etcd.campaign("s1", "a", lease)
+    assert fence is not None and etcd.append("s1", fence, 1, 1, b"r1")
+    etcd.go_down(3_000)
+    scheduler.at(2_500, "in the outage", lambda: None)
+    scheduler.step()
+    for call in (
+        lambda: etcd.keep_alive(lease),
+        lambda: etcd.read("s1", 1, 10),
+        lambda: etcd.campaign("s1", "b", lease),
+        lambda: etcd.append("s1", fence, 2, 2, b"r2"),
+    ):
+        try:
+            call()
+        except EtcdUnavailable:
+            continue
+        raise AssertionError("a call was answered without a quorum")
+    assert etcd.holder("s1") is not None  # past its TTL, but nothing expires in an outage
+    scheduler.at(3_900, "after it", lambda: None)
+    scheduler.step()
+    assert etcd.holder("s1") is not None  # promoted: a TTL from the outage's end
+    scheduler.at(4_001, "a TTL after it", lambda: None)
+    scheduler.step()
+    assert etcd.holder("s1") is None
+
+
+def test_an_append_in_an_outages_first_moments_may_commit_unanswered() -> None:
+    """The caller hears nothing either way; its retry of the same record then finds
+    its own record (the real append's key-absent guard, read back) and takes it."""
+    committed = 0
+    for seed in range(20):
+        scheduler = Scheduler()
+        etcd = SimEtcd(scheduler, random.Random(seed))
+        fence = etcd.campaign("s1", "a", etcd.grant(1_000))
+        assert fence is not None
+        etcd.go_down(500)
+        try:
+            etcd.append("s1", fence, 1, 1, b"r1")
+        except EtcdUnavailable:
+            pass
+        else:
+            raise AssertionError("answered without a quorum")
+        committed += etcd.log_end("s1")
+        scheduler.at(600, "back", lambda: None)
+        scheduler.step()
+        assert etcd.append("s1", fence, 1, 1, b"r1")  # the retry: appended either way
+        assert [r.data for r in etcd.read("s1", 1, 10)] == [b"r1"]  # once
+    assert 0 < committed < 20  # both happen
