@@ -129,6 +129,13 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             " their own retry, the rest by the next leader's read)",
         ),
         (
+            "operator",
+            f"{mesh.get('operator_commands', 0):,} commands sent (halts, risk limits,"
+            f" restarts, and their lifts), {mesh.get('operator_accepted', 0):,} accepted"
+            f" answers, {mesh.get('operator_refused', 0):,} refused;"
+            f" {mesh.get('operator_audit_rows', 0):,} admin_audit rows, each checked",
+        ),
+        (
             "replays for egress",
             f"{mesh.get('replays_for_egress', 0):,} restarts replayed again from an older"
             " snapshot for the persister's cursor",

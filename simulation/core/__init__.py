@@ -5,8 +5,9 @@ runtime (`Replica`, `LogBatch` records with their checksums, checkpoint hashes);
 real codecs, the bridge's conversions, the reconciler's rules, the routing changes and
 the wave controller's choice of movers carry and decide what they do in the services.
 etcd, PostgreSQL, the snapshot disks, the links, the loops of the replicated host,
-bridge, persister, reconciler and wave controller, and the clients are models
-(`etcd_model`, `store_model`, `replica_disk`, `links`, `replica_node`, `bridge_model`,
-`persister_model`, `reconciler_model`, `routing_model`, `clients`), each driven by one
-`Scheduler` and one `random.Random(seed)`.
+bridge, persister, reconciler and wave controller, the operator and the clients are
+models (`etcd_model`, `store_model`, `replica_disk`, `links`, `replica_node`,
+`bridge_model`, `persister_model`, `reconciler_model`, `routing_model`,
+`operator_model`, `clients`), each driven by one `Scheduler` and one
+`random.Random(seed)`.
 """

@@ -28,6 +28,9 @@ STORE_DOWN = "store_down"  # the database unreachable for a while
 ETCD_DOWN = "etcd_down"
 # Routing: a user moved to another shard group while it trades (two epochs).
 USER_MOVE = "user_move"
+# An operator at the admin API: a user's trading halted, its risk limits tightened
+# (each lifted later), or its actor restarted.
+OPERATOR = "operator"
 # Scaling: a shard group added (scale-out) or removed (scale-in) by the wave controller.
 SCALE = "scale"
 # Torn and lost snapshot writes are not kinds of their own: a crash makes them.
@@ -39,6 +42,7 @@ FAULT_KINDS: tuple[str, ...] = (
     DROP,
     DUPLICATE,
     ETCD_DOWN,
+    OPERATOR,
     PAUSE,
     SCALE,
     SNAPSHOT_CORRUPT,

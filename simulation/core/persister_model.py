@@ -32,6 +32,7 @@ from services.shard.core.egress import (
     FillRecord,
     HydrateRequest,
     LedgerPosting,
+    OperatorAudit,
     OrderUpdate,
     SubmitToMatcher,
 )
@@ -244,6 +245,8 @@ class SimPersister(SimProcess):
                     transaction.flushes.append(
                         FlushWrite(item.user_id, item.epoch, item.state, position)
                     )
+                elif kind is OperatorAudit:
+                    transaction.audits.append(((shard, position, index), item))
                 elif kind is HydrateRequest or kind is DedupLookup:
                     reads.append(item)
         return transaction, reads

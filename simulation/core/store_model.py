@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from auditor.core.rows import FillRow, LedgerItem, OrderOfFill
+from services.shard.core.egress import OperatorAudit
 from services.shard.core.user_state import UserState
 from simulation.core.faults import STORE_ABORT, STORE_UNKNOWN, FaultLog, FaultPlan
 from simulation.core.scheduler import Scheduler
@@ -81,6 +82,7 @@ class Transaction:
     inserts: list[StoredOrder] = field(default_factory=list)
     updates: list[tuple[str, int, int, int, int, int]] = field(default_factory=list)
     flushes: list[FlushWrite] = field(default_factory=list)
+    audits: list[tuple[tuple[str, int, int], OperatorAudit]] = field(default_factory=list)
 
 
 class SimPostgres:
@@ -94,6 +96,7 @@ class SimPostgres:
         self.users: dict[int, StoredUser] = {}
         self.ledger: dict[tuple[str, int, int], LedgerItem] = {}  # its primary key
         self.fills: dict[tuple[str, int, str], FillRow] = {}
+        self.audits: dict[tuple[str, int, int], OperatorAudit] = {}  # admin_audit's key
         self.orders: dict[str, StoredOrder] = {}
         self.client_ids: dict[tuple[int, str], str] = {}
         self.cursors: dict[str, int] = {}
@@ -176,6 +179,11 @@ class SimPostgres:
                 self.duplicate_rows += 1
             else:
                 self.fills[fill_key] = fill
+        for key, audit in transaction.audits:
+            if key in self.audits:
+                self.duplicate_rows += 1
+            else:
+                self.audits[key] = audit
         answers = []
         for flush in transaction.flushes:
             stored = self.users.get(flush.user_id)

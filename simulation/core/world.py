@@ -53,6 +53,7 @@ from simulation.core.faults import (
     FaultPlan,
 )
 from simulation.core.links import Network
+from simulation.core.operator_model import SimOperator
 from simulation.core.persister_model import SimPersister
 from simulation.core.process import SimProcess
 from simulation.core.reconciler_model import SimReconciler
@@ -182,6 +183,7 @@ class SimWorld:
         self.reconcilers = {shard: SimReconciler(self, shard) for shard in self.shard_ids}
         self.clients = SimClients(self, users)
         self.waves = SimWaves(self)
+        self.operator = SimOperator(self)
         self.scheduler.after(CHAOS_TICK_MS, "chaos", self._chaos)
         self.scheduler.after(1, "routing", self._publish_routing)
 
@@ -238,7 +240,11 @@ class SimWorld:
         return True
 
     def shard_result(self, shard: str, result: ShardResult) -> None:
-        self.network.unary(f"{shard}→client", lambda: self.clients.on_result(result))
+        self.network.unary(f"{shard}→client", lambda: self._answer(result))
+
+    def _answer(self, result: ShardResult) -> None:
+        if not self.operator.on_result(result):
+            self.clients.on_result(result)
 
     def _publish_routing(self) -> None:
         """The routing document, to every shard that has not applied it (its watcher)."""
@@ -462,6 +468,9 @@ class SimWorld:
             self._settle()
         if not self.violations:
             self._check_reconcile_heals()
+        if not self.violations:
+            self.operator.check_audit_rows()
+            self.operator.check_lifted()
         report = None if self.violations else self._audit()
         return self.result(report)
 
@@ -512,6 +521,7 @@ class SimWorld:
                 if self._settled():
                     return
                 self.waves.settle_round()
+                self.operator.settle_round()
                 self._cancel_open_orders()
             self._step()
         if not self.violations:
@@ -531,6 +541,8 @@ class SimWorld:
 
     def _unsettled(self) -> str:
         clients = self.clients
+        if not self.operator.idle:
+            return f"operator: {len(self.operator.outstanding)} commands unanswered"
         if not self.waves.idle:
             return f"routing: {self.waves.running or 'transit or cut-over'} under way"
         if clients.outstanding:
@@ -649,6 +661,9 @@ class SimWorld:
                 "users_moved": self.waves.landed,
                 "user_moves_returned": self.waves.returned,
                 **self.waves.figures,
+                "operator_commands": sum(self.operator.sent.values()),
+                "operator_accepted": sum(self.operator.accepted.values()),
+                "operator_refused": self.operator.refused,
                 "routing_epoch": self.routing.epoch,
                 "fills_stored": len(self.store.fills),
             },

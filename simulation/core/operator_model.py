@@ -1,0 +1,194 @@
+"""An operator at the admin API while users trade: halts, risk limits, restarts.
+
+The operator's commands are the real shard commands (`UserControl`, `SetRiskLimits`,
+decided by `services/shard/core/operator_controls.py` inside the real machine), sent
+as the admin API does (to the user's owner; an answer lost or late is sent again as a
+new command: each is a decision of its own). By seed, every few hundred ms, for one
+user: a trading halt, lifted a while later; tight risk limits (one open order, a small
+notional), cleared a while later; or a restart of its actor (refused `USER_NOT_FLAT`
+while it has open orders). While settling every halt and limit still on is lifted.
+
+Each decision leaves an `OperatorAudit` item that the persister writes as an
+`admin_audit` row keyed by its log position. Checked after settling: every accepted
+answer the operator got has its row (a row whose answer was lost is there too, never
+one the log did not decide), no row was written twice, and no user is left halted or
+limited.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from services.shard.core.commands import Command, SetRiskLimits, UserControl
+from services.shard.core.egress import (
+    AUDIT_HALT_TRADING,
+    AUDIT_RESTART,
+    AUDIT_RESUME_TRADING,
+    AUDIT_SET_RISK_LIMITS,
+    ShardResult,
+)
+from services.shard.core.risk import NO_LIMITS, RiskLimits
+from services.shard.core.vocabulary import UserControlAction
+from simulation.core.faults import OPERATOR
+
+if TYPE_CHECKING:
+    from simulation.core.world import SimWorld
+
+OPERATE_EVERY_MS = (300, 2_000)
+LIFT_AFTER_MS = (200, 1_500)
+DEADLINE_MS = 2_000
+RETRY_PAUSE_MS = 50
+TIGHT = RiskLimits(max_order_notional=50_000_000_000, max_open_orders=1)
+NAME = "sim-operator"
+
+
+@dataclass(slots=True)
+class OperatorCommand:
+    user_id: int
+    action: str  # an AUDIT_* action name
+    control: int  # UserControlAction, or 0 for limits
+    limits: RiskLimits | None
+    correlation_id: int = 0
+
+
+class SimOperator:
+    def __init__(self, world: SimWorld) -> None:
+        self.world = world
+        self.outstanding: dict[int, OperatorCommand] = {}  # correlation -> command
+        self.on: dict[int, str] = {}  # user -> the halt or limits sent, until lifted
+        self.confirmed: set[int] = set()  # users whose halt or limits were accepted
+        self.sent: Counter[tuple[int, str]] = Counter()  # (user, action) commands sent
+        self.accepted: Counter[tuple[int, str]] = Counter()  # accepted answers received
+        self.refused = 0
+        if world.plan.on(OPERATOR):  # absent otherwise: runs without it stay as they were
+            world.scheduler.after(world.rng.randrange(*OPERATE_EVERY_MS), "operator", self._act)
+
+    @property
+    def idle(self) -> bool:
+        return not self.outstanding and not self.on
+
+    def _act(self) -> None:
+        world = self.world
+        world.scheduler.after(world.rng.randrange(*OPERATE_EVERY_MS), "operator", self._act)
+        if world.clients.settling or not world.plan.on(OPERATOR):
+            return
+        users = [user for user in world.clients.users if user not in self.on]
+        if not users:
+            return
+        user = users[world.rng.randrange(len(users))]
+        choice = world.rng.randrange(3)
+        if choice == 0:
+            halt = UserControlAction.HALT_TRADING
+            command = OperatorCommand(user, AUDIT_HALT_TRADING, halt, None)
+        elif choice == 1:
+            command = OperatorCommand(user, AUDIT_SET_RISK_LIMITS, 0, TIGHT)
+        else:
+            command = OperatorCommand(user, AUDIT_RESTART, UserControlAction.RESTART, None)
+        world.faults.note(world.scheduler.now_ms, OPERATOR, f"{command.action} user {user}")
+        if choice < 2:
+            self.on[user] = command.action  # lifted a while after it is accepted
+        self._send(command)
+
+    def _lift(self, user: int) -> None:
+        if user not in self.confirmed:
+            return
+        self.confirmed.discard(user)
+        action = self.on.pop(user, None)
+        if action == AUDIT_HALT_TRADING:
+            control = UserControlAction.RESUME_TRADING
+            self._send(OperatorCommand(user, AUDIT_RESUME_TRADING, control, None))
+        elif action == AUDIT_SET_RISK_LIMITS:
+            self._send(OperatorCommand(user, AUDIT_SET_RISK_LIMITS, 0, NO_LIMITS))
+
+    def settle_round(self) -> None:
+        """Lift what is on (once accepted): the settled mesh trades freely."""
+        for user in sorted(self.confirmed):
+            self._lift(user)
+
+    # --- sending and answers ------------------------------------------------------------
+
+    def _send(self, command: OperatorCommand) -> None:
+        world = self.world
+        correlation = world.new_correlation()
+        command.correlation_id = correlation
+        if not world.send_to_shard(command.user_id, self._build(command, correlation)):
+            world.scheduler.after(RETRY_PAUSE_MS, "operator retry", lambda: self._send(command))
+            return
+        self.sent[(command.user_id, command.action)] += 1
+        self.outstanding[correlation] = command
+        world.scheduler.after(
+            DEADLINE_MS, f"deadline {correlation}", lambda: self._deadline(correlation)
+        )
+
+    @staticmethod
+    def _build(command: OperatorCommand, correlation: int) -> Command:
+        if command.limits is not None:
+            clear = command.limits == NO_LIMITS
+            return SetRiskLimits(correlation, command.user_id, command.limits, clear, NAME)
+        return UserControl(correlation, command.user_id, command.control, NAME, "simulated")
+
+    def _deadline(self, correlation: int) -> None:
+        command = self.outstanding.pop(correlation, None)
+        if command is not None:
+            self._send(command)  # a new command: the lost one may have been decided too
+
+    def on_result(self, result: ShardResult) -> bool:
+        """True if the answer was the operator's."""
+        command = self.outstanding.get(result.correlation_id)
+        if command is None:
+            return False
+        if result.parked:
+            return True  # the final answer follows
+        del self.outstanding[result.correlation_id]
+        user, world = command.user_id, self.world
+        lifting = command.action == AUDIT_RESUME_TRADING or command.limits == NO_LIMITS
+        if result.accepted:
+            self.accepted[(user, command.action)] += 1
+            if not lifting and self.on.get(user) == command.action and user not in self.confirmed:
+                self.confirmed.add(user)
+                world.scheduler.after(
+                    world.rng.randrange(*LIFT_AFTER_MS), "operator lift", lambda: self._lift(user)
+                )
+        elif result.retryable:
+            world.scheduler.after(RETRY_PAUSE_MS, "operator retry", lambda: self._send(command))
+        else:
+            self.refused += 1
+            if not lifting and user not in self.confirmed:
+                self.on.pop(user, None)
+        return True
+
+    # --- the checks after settling --------------------------------------------------------
+
+    def check_lifted(self) -> None:
+        """Every halt and limit was lifted while settling: no user, resident or stored,
+        is left halted or limited (a lift lost between owners would show here)."""
+        world = self.world
+        for user in world.clients.users:
+            actor = world.resident_actor(user)
+            if actor is not None:
+                halted, limits = actor.trading_halted, actor.limits
+            else:
+                stored = world.store.users[user].state
+                halted, limits = stored.trading_halted, stored.risk_limits
+            if halted or limits != NO_LIMITS:
+                world.violation(
+                    "operator-lift", f"user {user}: halted {halted}, limits {limits.named()}"
+                )
+
+    def check_audit_rows(self) -> None:
+        """Every accepted answer has its `admin_audit` row; no row beyond what was sent."""
+        world = self.world
+        rows: Counter[tuple[int, str]] = Counter()
+        for audit in world.store.audits.values():
+            if audit.accepted and audit.operator == NAME:
+                rows[(audit.user_id, audit.action)] += 1
+        world.figures["operator_audit_rows"] += sum(rows.values())
+        for key in sorted(set(self.accepted) | set(rows)):
+            if not self.accepted[key] <= rows[key] <= self.sent[key]:
+                world.violation(
+                    "operator-audit",
+                    f"user {key[0]} {key[1]}: {self.accepted[key]} accepted answers, "
+                    f"{rows[key]} audit rows, {self.sent[key]} sent",
+                )
