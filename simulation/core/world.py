@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,8 +224,11 @@ class SimWorld:
 
     # --- messages ----------------------------------------------------------------------
 
-    def send_to_shard(self, user_id: int, command: Command) -> bool:
-        """False while the user is in transit: the gateway answers UNAVAILABLE at once."""
+    def send_to_shard(
+        self, user_id: int, command: Command, delivered: Callable[[], None] | None = None
+    ) -> bool:
+        """False while the user is in transit: the gateway answers UNAVAILABLE at once.
+        `delivered` is told of every copy the leader took (a duplicated one twice)."""
         shard = self.routing.owner_of(user_id)
         if shard is None:
             return False
@@ -235,6 +239,8 @@ class SimWorld:
         def arrive() -> None:
             if target is not None and target.leading:
                 target.pending.append(message)
+                if delivered is not None:
+                    delivered()
 
         self.network.unary(f"client→{shard}", arrive)
         return True

@@ -3,9 +3,9 @@ limits and restarts decided by the real shard machine (`operator_controls.py`) u
 lost, late and duplicated messages, crashes and users moving between groups.
 
 After settling: every accepted answer the operator got has its `admin_audit` row,
-no row beyond the commands sent, and no user is left halted or limited once the
-operator lifted everything (`simulation/core/operator_model.py`); the money checks
-and the audit hold as in every run.
+no row beyond the copies of its commands a leader took, and no user is left halted
+or limited once the operator lifted everything (`simulation/core/operator_model.py`);
+the money checks and the audit hold as in every run.
 """
 
 from __future__ import annotations
