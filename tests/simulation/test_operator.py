@@ -38,3 +38,15 @@ def test_operator_decisions_are_audited_once_and_lifted_under_faults() -> None:
     assert figures["operator_accepted"] >= 3, figures
     assert figures["operator_audit_rows"] > figures["operator_accepted"]  # an answer lost
     assert world.operator.idle
+
+
+def test_seed_852_finds_the_open_late_halt_defect() -> None:
+    """Open (README, "The whole mesh, simulated", item 5): an operator command carries
+    no idempotency key. In seed 852 a halt was delivered twice; one copy was decided
+    at once, the operator resumed the user, and the late copy was decided after the
+    resume: the user ended halted. When operator commands get a request id the shard
+    deduplicates (or a version they compare and set), this run passes and this test is
+    to be turned into one that it does."""
+    config = SimConfig(seed=852, steps=20_000, markets=load_catalog().markets)
+    result = SimWorld(config).run()
+    assert [v.kind for v in result.violations] == ["operator-lift"], result.violations
