@@ -11,7 +11,12 @@
 
 Every control takes `--note TEXT` (at most 256 characters), kept in the audit with the
 admin key id and the command's log position. `limits` changes only the limits given:
-the others stay what the user has now (0 means no limit). The admin key is
+the others stay what the user has now (0 means no limit). Each control is one request,
+decided once: its id (made here, the same on every retry through an election) and the
+user's control version it is decided against (`--if-control-version N`, from `users`;
+by default `limits` pins the version it read the limits at, and the gateway pins the
+others to the version it reads). Refused CONTROL_VERSION_STALE: another control was
+decided since; look at the user again. The admin key is
 `--admin-key/--admin-secret` or OMS_ADMIN_API_KEY/OMS_ADMIN_API_SECRET, else a local
 mesh's (its state folder, when no gateway is named). Exit status: 0 done, 1 refused,
 2 bad usage.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import uuid
 from typing import Any
 
 from gateway.client import AdminClient
@@ -64,8 +70,17 @@ def register_admin(actions: Any) -> None:
     kill.add_argument("user_id", type=int)
     kill.add_argument("state", choices=("on", "off"))
     kill.set_defaults(handler=run_kill_switch)
-    for parser in (limits, kill, *(verbs.choices[verb] for verb in ("halt", "resume", "restart"))):
+    controls = (limits, *(verbs.choices[verb] for verb in ("halt", "resume", "restart")))
+    for parser in (kill, *controls):
         parser.add_argument("--note", default="", help="why, for the audit")
+    for parser in controls:
+        parser.add_argument(
+            "--if-control-version",
+            type=int,
+            default=None,
+            dest="if_control_version",
+            help="decide it only if the user's control version is still N (see users)",
+        )
     audit = verbs.add_parser("audit", help="the audit of administrative changes, newest first")
     audit.add_argument("--user", type=int, default=0, dest="audit_user")
     audit.add_argument("--before", type=int, default=0, help="older than this audit id")
@@ -79,11 +94,19 @@ def _print_ack(ack: gateway_pb2.AdminAck) -> int:
 
 
 def run_control(arguments: argparse.Namespace) -> int:
+    request_id = uuid.uuid4().hex  # one request, however often it is sent
+
     async def action(admin: AdminClient) -> int:
         call = {"halt": admin.halt_user, "resume": admin.resume_user}.get(
             arguments.verb, admin.restart_user
         )
-        return _print_ack(await call(arguments.user_id, note=arguments.note))
+        ack = await call(
+            arguments.user_id,
+            note=arguments.note,
+            request_id=request_id,
+            if_control_version=arguments.if_control_version,
+        )
+        return _print_ack(ack)
 
     return run_admin(arguments, action, COMMAND, repeatable=True)
 
@@ -96,26 +119,33 @@ def run_kill_switch(arguments: argparse.Namespace) -> int:
     return run_admin(arguments, action, COMMAND, repeatable=True)
 
 
-async def current_limits(admin: AdminClient, user_id: int) -> shard_pb2.RiskLimits:
+async def current_user(admin: AdminClient, user_id: int) -> gateway_pb2.UserSummary:
     page = await admin.list_users(after_user_id=user_id - 1, limit=1)
     if not page.users or page.users[0].user_id != user_id:
         raise SettingsError(f"user {user_id} has no account")
-    return page.users[0].risk_limits
+    return page.users[0]
 
 
 def run_limits(arguments: argparse.Namespace) -> int:
+    request_id = uuid.uuid4().hex  # one request, however often it is sent
+
     async def action(admin: AdminClient) -> int:
+        user = await current_user(admin, arguments.user_id)
         limits = shard_pb2.RiskLimits()
-        limits.CopyFrom(await current_limits(admin, arguments.user_id))
+        limits.CopyFrom(user.risk_limits)
         for name in LIMIT_FIELDS:
             value = getattr(arguments, name)
             if value is not None:
                 setattr(limits, name, value)
+        # Read, modify, write: decided only if no other control came between.
+        pinned = arguments.if_control_version
         ack = await admin.set_risk_limits(
             arguments.user_id,
             limits,
             clear_reduce_only=arguments.clear_reduce_only,
             note=arguments.note,
+            request_id=request_id,
+            if_control_version=user.control_version if pinned is None else pinned,
         )
         return _print_ack(ack)
 
@@ -134,6 +164,7 @@ def describe_user(user: gateway_pb2.UserSummary) -> str:
     return (
         f"user {user.user_id} {user.lifecycle} {user.health}"
         f" cluster={user.cluster or '-'} open_orders={user.open_orders}"
+        f" control_version={user.control_version}"
         f" limits[{set_limits}] {' '.join(flags)} balances: {balances}"
     ).replace("  ", " ")
 

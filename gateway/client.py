@@ -322,26 +322,63 @@ class AdminClient(_SignedClient):
         *,
         clear_reduce_only: bool = False,
         note: str = "",
+        request_id: str = "",
+        if_control_version: int | None = None,
     ) -> gateway_pb2.AdminAck:
+        """`request_id`: the same on every retry of one request (empty: the gateway makes
+        one per call); `if_control_version`: decide it only at that control version (None:
+        at the one the gateway reads first). See UserControlRequest in gateway.proto."""
         request = gateway_pb2.SetRiskLimitsRequest(
-            user_id=user_id, risk_limits=limits, clear_reduce_only=clear_reduce_only, note=note
+            user_id=user_id,
+            risk_limits=limits,
+            clear_reduce_only=clear_reduce_only,
+            note=note,
+            request_id=request_id,
+            if_control_version=if_control_version,
         )
         ack: gateway_pb2.AdminAck = await self._signed.unary(
             ADMIN_SERVICE + "SetRiskLimits", request, gateway_pb2.AdminAck
         )
         return ack
 
-    async def halt_user(self, user_id: int, *, note: str = "") -> gateway_pb2.AdminAck:
-        return await self._user_control("HaltUser", user_id, note)
+    async def halt_user(
+        self,
+        user_id: int,
+        *,
+        note: str = "",
+        request_id: str = "",
+        if_control_version: int | None = None,
+    ) -> gateway_pb2.AdminAck:
+        return await self._user_control("HaltUser", user_id, note, request_id, if_control_version)
 
-    async def resume_user(self, user_id: int, *, note: str = "") -> gateway_pb2.AdminAck:
-        return await self._user_control("ResumeUser", user_id, note)
+    async def resume_user(
+        self,
+        user_id: int,
+        *,
+        note: str = "",
+        request_id: str = "",
+        if_control_version: int | None = None,
+    ) -> gateway_pb2.AdminAck:
+        return await self._user_control("ResumeUser", user_id, note, request_id, if_control_version)
 
-    async def restart_user(self, user_id: int, *, note: str = "") -> gateway_pb2.AdminAck:
-        return await self._user_control("RestartUser", user_id, note)
+    async def restart_user(
+        self,
+        user_id: int,
+        *,
+        note: str = "",
+        request_id: str = "",
+        if_control_version: int | None = None,
+    ) -> gateway_pb2.AdminAck:
+        return await self._user_control(
+            "RestartUser", user_id, note, request_id, if_control_version
+        )
 
-    async def _user_control(self, method: str, user_id: int, note: str) -> gateway_pb2.AdminAck:
-        request = gateway_pb2.UserControlRequest(user_id=user_id, note=note)
+    async def _user_control(
+        self, method: str, user_id: int, note: str, request_id: str, version: int | None
+    ) -> gateway_pb2.AdminAck:
+        request = gateway_pb2.UserControlRequest(
+            user_id=user_id, note=note, request_id=request_id, if_control_version=version
+        )
         ack: gateway_pb2.AdminAck = await self._signed.unary(
             ADMIN_SERVICE + method, request, gateway_pb2.AdminAck
         )

@@ -7,6 +7,10 @@
   the audit says what was decided at which log position, and replicas agree on it.
   A refusal for the user's state (USER_NOT_FLAT for a restart) is an AdminAck with
   `accepted = false` and the reason; an unknown user is NOT_FOUND/UNKNOWN_USER.
+  Each is decided once: it carries the request's id (the caller's, else one made
+  here) and the user's control version it is decided against (the caller's, else the
+  one read here before sending), so a copy of it decided already is answered again and
+  a late one, after another control, is refused CONTROL_VERSION_STALE.
 - ListUsers: a page of users from PostgreSQL (every user has a row there), each
   resident one overlaid with its shard's view now (one GetActorBatch per cluster).
 - ListAdminAudit: the audit rows, newest first.
@@ -14,13 +18,14 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from gateway.authentication import caller
 from gateway.clusters import PersisterPool, ShardCluster
 from gateway.errors import GatewayError
 from gateway.routing import ShardRouter
-from gateway.validation import check_note, check_risk_limits, check_user_id
+from gateway.validation import check_note, check_request_id, check_risk_limits, check_user_id
 from protos.oms.v1 import gateway_pb2, persister_pb2, shard_pb2
 
 Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
@@ -59,6 +64,7 @@ class UserAdmin:
         check_user_id(request.user_id)
         check_risk_limits(request.risk_limits)
         check_note(request.note)
+        check_request_id(request.request_id)
         command = shard_pb2.ShardCommand()
         limits = command.set_risk_limits
         limits.user_id = request.user_id
@@ -66,6 +72,8 @@ class UserAdmin:
         limits.clear_reduce_only = request.clear_reduce_only
         limits.operator = caller.get().api_key
         limits.note = request.note
+        limits.request_id = request.request_id or uuid.uuid4().hex
+        limits.if_control_version = await self._pinned_version(request)
         result = await self.router.execute(request.user_id, command)
         return self._ack(request.user_id, result, "risk limits set")
 
@@ -98,14 +106,38 @@ class UserAdmin:
     async def _control(self, request: gateway_pb2.UserControlRequest, which: str) -> G.AdminAck:
         check_user_id(request.user_id)
         check_note(request.note)
+        check_request_id(request.request_id)
         command = shard_pb2.ShardCommand()
         control = command.user_control
         control.user_id = request.user_id
         control.action = _CONTROLS[which]
         control.operator = caller.get().api_key
         control.note = request.note
+        control.request_id = request.request_id or uuid.uuid4().hex
+        control.if_control_version = await self._pinned_version(request)
         result = await self.router.execute(request.user_id, command)
         return self._ack(request.user_id, result, _DONE[which])
+
+    async def _pinned_version(
+        self, request: gateway_pb2.UserControlRequest | gateway_pb2.SetRiskLimitsRequest
+    ) -> int:
+        """The control version the command is decided against: the caller's, else the
+        user's now (its shard's actor when resident, else its PostgreSQL row, which is
+        complete for a user no shard holds: a shard lets go only once its flush commits).
+        A read that races a hydration or a move is at worst stale: the shard refuses the
+        command CONTROL_VERSION_STALE, changing nothing, and the caller asks again."""
+        if request.HasField("if_control_version"):
+            return request.if_control_version
+        user_id = request.user_id
+        view = (await self._resident_views([user_id])).get(user_id)
+        if view is not None:
+            return view.state.control_version
+        page = await self._stored_users(
+            persister_pb2.StoredUserPageQuery(after_user_id=user_id - 1, limit=1)
+        )
+        if not page.users or page.users[0].state.user_id != user_id:
+            raise GatewayError(G.GATEWAY_ERROR_REASON_UNKNOWN_USER, f"user {user_id} is unknown")
+        return page.users[0].state.control_version
 
     @staticmethod
     def _ack(user_id: int, result: shard_pb2.ShardResult, done: str) -> gateway_pb2.AdminAck:
@@ -193,6 +225,7 @@ def _cold(state: shard_pb2.UserState) -> gateway_pb2.UserSummary:
         trading_halted=state.trading_halted,
         reduce_only=state.reduce_only,
         db_version=state.db_version,
+        control_version=state.control_version,
     )
     summary.risk_limits.CopyFrom(state.risk_limits)
     summary.balances.extend(state.balances)
@@ -205,6 +238,7 @@ def _overlay(summary: gateway_pb2.UserSummary, view: shard_pb2.ActorView) -> Non
     summary.lifecycle = "dehydrating" if view.dehydrating else "resident"
     summary.health = "halted" if view.halted else "quarantined" if view.quarantined else "healthy"
     summary.trading_halted = state.trading_halted
+    summary.control_version = state.control_version
     summary.reduce_only = state.reduce_only
     summary.risk_limits.CopyFrom(state.risk_limits)
     summary.open_orders = len(view.open_orders)

@@ -19,6 +19,7 @@ MAX_CLIENT_ORDER_ID = 64
 MAX_ORDER_ID = 128
 MAX_TRANSFER_ID = 64
 MAX_NOTE_CHARS = 256
+MAX_REQUEST_ID_CHARS = 64
 PPM = 1_000_000
 MAX_EXPIRY_AHEAD_MS = 366 * 24 * 3600 * 1000  # GTD at most about a year ahead
 
@@ -183,6 +184,14 @@ def check_note(note: str) -> None:
     if not note.isprintable():
         # No control characters: PostgreSQL text refuses NUL, and the audit row must land.
         raise invalid_field("note", "printable characters only")
+
+
+def check_request_id(request_id: str) -> None:
+    """An admin request's id (empty: the gateway makes one): logged with the command."""
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise out_of_range("request_id", f"at most {MAX_REQUEST_ID_CHARS} characters")
+    if not request_id.isprintable():
+        raise invalid_field("request_id", "printable characters only")
 
 
 def check_user_id(user_id: int) -> None:

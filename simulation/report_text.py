@@ -132,7 +132,9 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             "operator",
             f"{mesh.get('operator_commands', 0):,} commands sent (halts, risk limits,"
             f" restarts, and their lifts), {mesh.get('operator_accepted', 0):,} accepted"
-            f" answers, {mesh.get('operator_refused', 0):,} refused;"
+            f" answers, {mesh.get('operator_refused', 0):,} refused"
+            f" ({mesh.get('operator_stale', 0):,} stale, read again and sent anew);"
+            f" {mesh.get('operator_copies_answered', 0):,} late copies answered as decided;"
             f" {mesh.get('operator_audit_rows', 0):,} admin_audit rows, each checked",
         ),
         (

@@ -2,24 +2,29 @@
 
 The operator's commands are the real shard commands (`UserControl`, `SetRiskLimits`,
 decided by `services/shard/core/operator_controls.py` inside the real machine), sent
-as the admin API does (to the user's owner; an answer lost or late is sent again as a
-new command: each is a decision of its own). By seed, every few hundred ms, for one
-user: a trading halt, lifted a while later; tight risk limits (one open order, a small
-notional), cleared a while later; or a restart of its actor (refused `USER_NOT_FLAT`
-while it has open orders). While settling every halt and limit still on is lifted.
+as the admin API sends them (`gateway/user_admin.py`): to the user's owner, with the
+request's id and pinned to the user's control version read before the first send
+(its actor on the owner's leader, else its stored row). An answer lost or late is
+sent again as the same request; a refusal CONTROL_VERSION_STALE (another control came
+between) is read again and sent as a new request while it is still wanted. By seed,
+every few hundred ms, for one user: a trading halt, lifted a while later; tight risk
+limits (one open order, a small notional), cleared a while later; or a restart of its
+actor (refused `USER_NOT_FLAT` while it has open orders). While settling every halt
+and limit still on is lifted.
 
 Each decision leaves an `OperatorAudit` item that the persister writes as an
 `admin_audit` row keyed by its log position. Checked after settling: every accepted
 answer the operator got has its row (a row whose answer was lost is there too), no
 row beyond the copies of its commands a leader took (none the log did not decide,
-none written twice), and no user is left halted or limited. A copy a link duplicated
-is decided again, with a row of its own: the admin commands carry no idempotency key
-(the first 1,000-seed run, counting commands sent instead of copies taken, found 34
-seeds with such a second row).
+none written twice), no request changing a user twice (copies after the first are
+answered as `duplicate`), and no user is left halted or limited. Before requests had
+ids and versions, a late copy of a halt was decided after the resume that followed
+it and left the user halted (seed 852; planted again by `--defect operator-unpinned`).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,7 +38,8 @@ from services.shard.core.egress import (
     ShardResult,
 )
 from services.shard.core.risk import NO_LIMITS, RiskLimits
-from services.shard.core.vocabulary import UserControlAction
+from services.shard.core.vocabulary import RejectReason, UserControlAction
+from simulation.core.defects import OPERATOR_UNPINNED
 from simulation.core.faults import OPERATOR
 
 if TYPE_CHECKING:
@@ -53,6 +59,8 @@ class OperatorCommand:
     action: str  # an AUDIT_* action name
     control: int  # UserControlAction, or 0 for limits
     limits: RiskLimits | None
+    request_id: str = ""  # the same on every send of one request
+    pinned: int | None = None  # the control version read before its first send
     correlation_id: int = 0
 
 
@@ -67,6 +75,8 @@ class SimOperator:
         self.delivered: Counter[tuple[int, str]] = Counter()
         self.accepted: Counter[tuple[int, str]] = Counter()  # accepted answers received
         self.refused = 0
+        self.stale = 0  # refused CONTROL_VERSION_STALE, then read again and sent anew
+        self.requests = 0
         if world.plan.on(OPERATOR):  # absent otherwise: runs without it stay as they were
             world.scheduler.after(world.rng.randrange(*OPERATE_EVERY_MS), "operator", self._act)
 
@@ -116,6 +126,10 @@ class SimOperator:
 
     def _send(self, command: OperatorCommand) -> None:
         world = self.world
+        if not command.request_id and world.config.defect != OPERATOR_UNPINNED:
+            self.requests += 1
+            command.request_id = f"{NAME}-{self.requests}"
+            command.pinned = self._control_version(command.user_id)
         correlation = world.new_correlation()
         command.correlation_id = correlation
         key = (command.user_id, command.action)
@@ -132,17 +146,26 @@ class SimOperator:
             DEADLINE_MS, f"deadline {correlation}", lambda: self._deadline(correlation)
         )
 
+    def _control_version(self, user_id: int) -> int:
+        """What the admin API reads: the actor on the owner's leader, else the row."""
+        actor = self.world.resident_actor(user_id)
+        if actor is not None:
+            return int(actor.control_version)
+        return self.world.store.users[user_id].state.control_version
+
     @staticmethod
     def _build(command: OperatorCommand, correlation: int) -> Command:
+        user, request, pinned = command.user_id, command.request_id, command.pinned
         if command.limits is not None:
             clear = command.limits == NO_LIMITS
-            return SetRiskLimits(correlation, command.user_id, command.limits, clear, NAME)
-        return UserControl(correlation, command.user_id, command.control, NAME, "simulated")
+            limits = command.limits
+            return SetRiskLimits(correlation, user, limits, clear, NAME, "", request, pinned)
+        return UserControl(correlation, user, command.control, NAME, "simulated", request, pinned)
 
     def _deadline(self, correlation: int) -> None:
         command = self.outstanding.pop(correlation, None)
         if command is not None:
-            self._send(command)  # a new command: the lost one may have been decided too
+            self._send(command)  # the same request: the lost copy may have been decided
 
     def on_result(self, result: ShardResult) -> bool:
         """True if the answer was the operator's."""
@@ -162,6 +185,13 @@ class SimOperator:
                     world.rng.randrange(*LIFT_AFTER_MS), "operator lift", lambda: self._lift(user)
                 )
         elif result.retryable:
+            world.scheduler.after(RETRY_PAUSE_MS, "operator retry", lambda: self._send(command))
+        elif result.reject_reason == RejectReason.CONTROL_VERSION_STALE and (
+            lifting or self.on.get(user) == command.action
+        ):
+            # Another control came between: read the user again and decide anew.
+            self.stale += 1
+            command.request_id, command.pinned = "", None
             world.scheduler.after(RETRY_PAUSE_MS, "operator retry", lambda: self._send(command))
         else:
             self.refused += 1
@@ -192,10 +222,23 @@ class SimOperator:
         leader took (no row the log did not decide, none written twice)."""
         world = self.world
         rows: Counter[tuple[int, str]] = Counter()
+        # Request id -> decisions that changed the user (each adds a control version;
+        # a restart of a user no shard holds, or one already on its way out, changes
+        # nothing, and a copy of a request decided already is answered as `duplicate`).
+        changed: Counter[str] = Counter()
         for audit in world.store.audits.values():
             if audit.accepted and audit.operator == NAME:
                 rows[(audit.user_id, audit.action)] += 1
+                detail = json.loads(audit.detail)
+                if detail.get("duplicate"):
+                    world.figures["operator_copies_answered"] += 1
+                elif "control_version" in detail and detail.get("request_id"):
+                    changed[detail["request_id"]] += 1
         world.figures["operator_audit_rows"] += sum(rows.values())
+        for request_id, count in sorted(changed.items()):
+            if count > 1:
+                detail = f"request {request_id} changed a user {count} times"
+                world.violation("operator-twice", detail)
         for key in sorted(set(self.accepted) | set(rows)):
             if not self.accepted[key] <= rows[key] <= self.delivered[key]:
                 world.violation(

@@ -670,6 +670,7 @@ class SimWorld:
                 "operator_commands": sum(self.operator.sent.values()),
                 "operator_accepted": sum(self.operator.accepted.values()),
                 "operator_refused": self.operator.refused,
+                "operator_stale": self.operator.stale,
                 "routing_epoch": self.routing.epoch,
                 "fills_stored": len(self.store.fills),
             },

@@ -167,6 +167,43 @@ async def test_restart_needs_a_flat_user_then_rehydrates_it_from_postgresql(
     ]
 
 
+async def test_a_control_is_decided_once_and_a_late_copy_cannot_undo_a_later_one(
+    shared_mesh: FullMesh, admin: AdminClient
+) -> None:
+    """The late halt (simulation seed 852): a halt's copy decided after the resume."""
+    account = await open_account(admin, FUNDS)
+    user_id = account.user_id
+    start = (await _summary(admin, user_id)).control_version
+    assert (await admin.halt_user(user_id, request_id="halt-1")).accepted
+    # The caller's retry of the same request (its answer lost): answered, nothing redone.
+    again = await admin.halt_user(user_id, request_id="halt-1", if_control_version=start)
+    assert again.accepted, again
+    assert (await admin.resume_user(user_id, request_id="resume-1")).accepted
+    late = await admin.halt_user(user_id, request_id="halt-1", if_control_version=start)
+    assert not late.accepted
+    assert late.reject_reason == shard_pb2.SHARD_REJECT_REASON_CONTROL_VERSION_STALE
+    summary = await _summary(admin, user_id)
+    assert not summary.trading_halted and summary.control_version == start + 2
+    # Two operators read the same version; the second to land is told to look again.
+    limits = shard_pb2.RiskLimits(max_open_orders=4)
+    first = await admin.set_risk_limits(user_id, limits, if_control_version=start + 2)
+    second = await admin.set_risk_limits(user_id, limits, if_control_version=start + 2)
+    assert first.accepted and not second.accepted, (first, second)
+    assert "CONTROL_VERSION_STALE" in second.detail
+    rows = await _audit(admin, user_id, 6)
+    assert [(row.action, row.accepted) for row in rows] == [
+        ("halt_trading", True),
+        ("halt_trading", True),  # the retry, answered as decided
+        ("resume_trading", True),
+        ("halt_trading", False),
+        ("set_risk_limits", True),
+        ("set_risk_limits", False),
+    ]
+    assert json.loads(rows[1].detail)["duplicate"] is True
+    error = await refusal(admin.halt_user(user_id, request_id="x" * 65))
+    assert error.reason == "GATEWAY_ERROR_REASON_OUT_OF_RANGE", error
+
+
 async def test_controls_of_an_unknown_user_are_refused(admin: AdminClient) -> None:
     for control in (admin.halt_user, admin.restart_user):
         error = await refusal(control(9_000_000_001))
@@ -207,6 +244,9 @@ def test_oms_client_admin_from_the_command_line(
     line = out.strip().splitlines()[0]
     assert line.startswith(f"user {user_id} resident healthy")
     assert "max_open_orders=3" in line and "max_drawdown=500" in line and "TRADING_HALTED" in line
+    assert "control_version=3" in line  # two limits and the halt
+    code, out = admin_command("resume", str(user_id), "--if-control-version", "2")
+    assert code == 1 and "CONTROL_VERSION_STALE" in out
     code, out = admin_command("resume", str(user_id))
     assert code == 0
     code, out = admin_command("restart", str(user_id))
@@ -214,7 +254,7 @@ def test_oms_client_admin_from_the_command_line(
 
     async def audit_written() -> None:
         async with shared_mesh.admin() as admin:
-            await _audit(admin, user_id, 5)
+            await _audit(admin, user_id, 6)
 
     asyncio.run(audit_written())
     code, out = admin_command("audit", "--user", str(user_id))
@@ -223,6 +263,7 @@ def test_oms_client_admin_from_the_command_line(
     assert actions == [
         "restart",
         "resume_trading",
+        "resume_trading",  # refused: pinned to a version passed
         "halt_trading",
         "set_risk_limits",
         "set_risk_limits",

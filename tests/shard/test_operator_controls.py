@@ -35,6 +35,15 @@ def _control(driver: ShardDriver, user_id: int, action: int, note: str = "") -> 
     return UserControl(driver.next_correlation(), user_id, action, "admin-key", note)
 
 
+def _pinned(
+    driver: ShardDriver, user_id: int, action: int, request_id: str, version: int | None
+) -> UserControl:
+    """A control as the admin API sends it: its request's id, pinned to a control version."""
+    return UserControl(
+        driver.next_correlation(), user_id, action, "admin-key", "", request_id, version
+    )
+
+
 def _driver(*faults: tuple[int, str, str]) -> ShardDriver:
     specs = tuple(InjectedFaultSpec(user, client_id, mode) for user, client_id, mode in faults)
     driver = ShardDriver(settings(fault_injection=specs))
@@ -220,3 +229,113 @@ def test_controls_travel_the_wire_and_replicas_agree() -> None:
     message = egress_to_protobuf(only(out[:3], OperatorAudit), 5, 6)
     assert message.operator_audit.action == "halt_trading"
     assert message.operator_audit.operator == "admin-key"
+
+
+# --- each control decided once: request ids and control versions -------------------------
+
+
+def test_every_accepted_control_adds_a_control_version_and_names_its_request() -> None:
+    driver = _driver()
+    out = driver.run(_pinned(driver, 1, HALT, "req-1", 0))
+    assert only(out, ShardResult).accepted
+    assert json.loads(only(out, OperatorAudit).detail)["control_version"] == 1
+    limits = SetRiskLimits(
+        driver.next_correlation(), 1, RiskLimits(max_open_orders=2), False, "k", "", "req-2", 1
+    )
+    assert only(driver.run(limits), ShardResult).accepted
+    actor = driver.machine.actor(1)
+    assert actor is not None and (actor.control_version, actor.last_control_id) == (2, "req-2")
+
+
+def test_a_copy_of_a_control_decided_already_is_answered_again_and_changes_nothing() -> None:
+    driver = _driver()
+    driver.run(_pinned(driver, 1, HALT, "req-1", 0))
+    before = driver.machine.state_hash()
+    out = driver.run(_pinned(driver, 1, HALT, "req-1", 0))  # the admin API's retry
+    assert only(out, ShardResult).accepted
+    audit = only(out, OperatorAudit)
+    assert audit.accepted and json.loads(audit.detail)["duplicate"] is True
+    assert driver.machine.state_hash() == before
+    actor = driver.machine.actor(1)
+    assert actor is not None and actor.control_version == 1
+
+
+def test_a_late_copy_of_a_halt_cannot_undo_the_resume_that_followed_it() -> None:
+    """Seed 852's defect: the halt delivered twice, one copy late, after the resume."""
+    driver = _driver()
+    driver.run(_pinned(driver, 1, HALT, "halt", 0))
+    assert only(driver.run(_pinned(driver, 1, RESUME, "resume", 1)), ShardResult).accepted
+    before = driver.machine.state_hash()
+    out = driver.run(_pinned(driver, 1, HALT, "halt", 0))  # the late copy
+    refused = only(out, ShardResult)
+    assert refused.reject_reason == RejectReason.CONTROL_VERSION_STALE and not refused.retryable
+    audit = only(out, OperatorAudit)
+    assert not audit.accepted and audit.reject_reason == RejectReason.CONTROL_VERSION_STALE
+    assert json.loads(audit.detail)["if_control_version"] == 0
+    assert driver.machine.state_hash() == before
+    assert results(driver.run(driver.place(1, "trades")))[0].accepted
+
+
+def test_a_control_pinned_to_a_version_passed_is_refused_and_changes_nothing() -> None:
+    """Two operators read version 0; the second to land is told to read again."""
+    driver = _driver()
+    driver.run(_pinned(driver, 1, HALT, "alice", 0))
+    before = driver.machine.state_hash()
+    limits = SetRiskLimits(driver.next_correlation(), 1, RiskLimits(), True, "k", "", "bob", 0)
+    out = driver.run(limits)
+    assert only(out, ShardResult).reject_reason == RejectReason.CONTROL_VERSION_STALE
+    assert driver.machine.state_hash() == before
+    # Unpinned, only the request id is checked: decided.
+    assert only(driver.run(_pinned(driver, 1, RESUME, "carol", None)), ShardResult).accepted
+
+
+def test_the_control_version_survives_a_restart_through_postgresql() -> None:
+    driver = _driver()
+    driver.run(_pinned(driver, 1, HALT, "halt", 0))
+    out = driver.run(_pinned(driver, 1, RESTART, "restart", 1))
+    begin = only(out, BeginDehydrate)
+    assert (begin.state.control_version, begin.state.last_control_id) == (2, "restart")
+    wire = user_state_from_protobuf(user_state_to_protobuf(begin.state))
+    assert (wire.control_version, wire.last_control_id) == (2, "restart")
+    driver.run(driver.flush_complete(1, begin.epoch, begin.state.db_version + 1))
+    request = only(driver.run(_pinned(driver, 1, HALT, "halt", 0)), HydrateRequest)
+    hydrate = driver.hydrate(
+        1,
+        epoch=request.epoch,
+        balances=dict(begin.state.balances),
+        db_version=begin.state.db_version + 1,
+        trading_halted=True,
+        control_version=2,
+        last_control_id="restart",
+    )
+    out = driver.run(hydrate)  # the late halt, decided once hydrated: stale
+    assert only(out, ShardResult).reject_reason == RejectReason.CONTROL_VERSION_STALE
+    out = driver.run(_pinned(driver, 1, RESTART, "restart", 1))  # the restart's retry
+    assert only(out, ShardResult).accepted and not of_type(out, BeginDehydrate)
+
+
+def test_a_refused_control_adds_no_version() -> None:
+    driver = _driver()
+    driver.accepted_order(1, "resting")
+    out = driver.run(_pinned(driver, 1, RESTART, "restart", 0))
+    assert only(out, ShardResult).reject_reason == RejectReason.USER_NOT_FLAT
+    actor = driver.machine.actor(1)
+    assert actor is not None and (actor.control_version, actor.last_control_id) == (0, "")
+
+
+def test_pinned_controls_travel_the_wire_and_a_restored_replica_decides_alike() -> None:
+    driver = _driver()
+    commands: list[Command] = [
+        _pinned(driver, 1, HALT, "a", 0),
+        SetRiskLimits(driver.next_correlation(), 2, RiskLimits(), False, "k", "", "b", None),
+        _pinned(driver, 8, RESUME, "c", 0),  # parked behind a hydration: in the snapshot
+    ]
+    assert decode_command_batch(encode_command_batch(commands)) == commands
+    driver.run_bytes(commands)
+    restored = driver.replica()
+    assert restored.state_hash() == driver.machine.state_hash()
+    late = [_pinned(driver, 1, HALT, "a", 0), _pinned(driver, 1, RESUME, "d", 0)]
+    twin_out = restored.apply_commands(late, driver.now)
+    assert driver.run_bytes(late) == twin_out
+    assert restored.state_hash() == driver.machine.state_hash()
+    assert [r.accepted for r in results(twin_out)] == [True, False]

@@ -87,6 +87,7 @@ class UserActor:
     __slots__ = (
         "balances",
         "bucket",
+        "control_version",
         "db_version",
         "dedup_wait",
         "digest",
@@ -96,6 +97,7 @@ class UserActor:
         "failures",
         "health",
         "last_active_ms",
+        "last_control_id",
         "lifecycle",
         "limits",
         "open_by_client",
@@ -135,6 +137,8 @@ class UserActor:
         self.reduce_only = False
         self.peak_equity = 0
         self.trading_halted = False  # an operator's halt (UserControl), kept in UserState
+        self.control_version = 0  # operator controls accepted (operator_controls.py)
+        self.last_control_id = ""  # the request id of the last of them
         self.bucket = bucket
         self.last_active_ms = now_ms
         self.recency_seq = 0

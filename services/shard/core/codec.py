@@ -175,11 +175,19 @@ def decode_command(message: shard_pb2.ShardCommand) -> Command:
             s.clear_reduce_only,
             s.operator,
             s.note,
+            s.request_id,
+            s.if_control_version if s.HasField("if_control_version") else None,
         )
     if which == "user_control":
         control = message.user_control
         return UserControl(
-            correlation_id, control.user_id, control.action, control.operator, control.note
+            correlation_id,
+            control.user_id,
+            control.action,
+            control.operator,
+            control.note,
+            control.request_id,
+            control.if_control_version if control.HasField("if_control_version") else None,
         )
     if which == "set_routing":
         return SetRouting(correlation_id, message.set_routing.document)
@@ -259,6 +267,8 @@ def user_state_from_protobuf(message: shard_pb2.UserState) -> UserState:
         message.reduce_only,
         message.peak_equity,
         message.trading_halted,
+        message.control_version,
+        message.last_control_id,
     )
 
 
@@ -300,6 +310,8 @@ def fill_user_state(target: shard_pb2.UserState, state: UserState) -> None:
     target.reduce_only = state.reduce_only
     target.peak_equity = state.peak_equity
     target.trading_halted = state.trading_halted
+    target.control_version = state.control_version
+    target.last_control_id = state.last_control_id
 
 
 def user_state_to_protobuf(state: UserState) -> shard_pb2.UserState:
@@ -521,12 +533,18 @@ def command_to_protobuf(command: Command) -> shard_pb2.ShardCommand:
         message.set_risk_limits.clear_reduce_only = command.clear_reduce_only
         message.set_risk_limits.operator = command.operator
         message.set_risk_limits.note = command.note
+        message.set_risk_limits.request_id = command.request_id
+        if command.if_control_version is not None:
+            message.set_risk_limits.if_control_version = command.if_control_version
     elif isinstance(command, UserControl):
         control = message.user_control
         control.user_id = command.user_id
         control.action = shard_pb2.UserControlAction.ValueType(command.action)
         control.operator = command.operator
         control.note = command.note
+        control.request_id = command.request_id
+        if command.if_control_version is not None:
+            control.if_control_version = command.if_control_version
     elif isinstance(command, SetRouting):
         message.set_routing.document = command.document
     elif isinstance(command, Persisted):

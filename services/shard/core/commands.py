@@ -147,6 +147,8 @@ class SetRiskLimits(NamedTuple):
     clear_reduce_only: bool
     operator: str = ""  # who asked (the admin key id), for the audit
     note: str = ""  # why, in the operator's words
+    request_id: str = ""  # the admin request's id: its retries are answered, not redone
+    if_control_version: int | None = None  # decided only at this control version
 
 
 class UserControl(NamedTuple):
@@ -157,6 +159,8 @@ class UserControl(NamedTuple):
     action: int  # UserControlAction
     operator: str
     note: str
+    request_id: str = ""  # the admin request's id: its retries are answered, not redone
+    if_control_version: int | None = None  # decided only at this control version
 
 
 class SetRouting(NamedTuple):

@@ -185,6 +185,8 @@ class Hydration:
         actor.reduce_only = user_state.reduce_only
         actor.peak_equity = user_state.peak_equity
         actor.trading_halted = user_state.trading_halted
+        actor.control_version = user_state.control_version
+        actor.last_control_id = user_state.last_control_id
         return actor
 
     def _refuse_parked(self, user_id: int, pending: PendingHydration, out: list[Egress]) -> None:
@@ -233,6 +235,8 @@ def user_state_of(actor: UserActor, now_ms: int, horizon_ms: int) -> UserState:
         actor.reduce_only,
         actor.peak_equity,
         actor.trading_halted,
+        actor.control_version,
+        actor.last_control_id,
     )
 
 

@@ -16,6 +16,16 @@
   them first (the matcher's kill-switch cancels what rests). A user who is not
   resident needs no restart: its next hydration is fresh already.
 
+Each control is decided once, whatever copies of it arrive (a link or the admin API's
+retry may deliver one twice, and late). Every accepted control adds one to the user's
+`control_version` and records its `request_id` as `last_control_id`, both kept in
+`UserState`. A copy whose request id is the last control's is answered accepted again
+and changes nothing; a control pinned (`if_control_version`) to a version the user has
+moved past is refused CONTROL_VERSION_STALE and changes nothing. So a late copy of a
+halt can never land after the resume that followed it. (A restart of a user with no
+actor here, or of one already on its way to PostgreSQL, decides nothing new: accepted,
+no version added.)
+
 Each decision at the actor, accepted or refused, also leaves an `OperatorAudit`
 egress item (who, what, the detail as canonical JSON, the operator's note), which
 the persister writes to `admin_audit` at the command's log position, exactly once.
@@ -68,45 +78,80 @@ class OperatorControls:
     ) -> None:
         state = self.state
         before = {"limits": actor.limits.named(), "reduce_only": actor.reduce_only}
-        actor.limits = NO_LIMITS if command.limits == NO_LIMITS else command.limits
-        if command.clear_reduce_only:
-            actor.reduce_only = False
-            # Measure drawdown from here on, or the old peak would trip it again at once.
-            actor.peak_equity = equity(actor, state.marks, state.settlement_symbols)
-        state.touch(actor, now_ms)
-        state.counters.operator_commands += 1
-        after = {"limits": actor.limits.named(), "reduce_only": actor.reduce_only}
-        out.append(ShardResult(command.correlation_id, True))
-        detail = {"before": before, "after": after, "health": HEALTH_NAMES[actor.health]}
-        out.append(
-            OperatorAudit(
-                actor.user_id,
-                command.operator,
-                AUDIT_SET_RISK_LIMITS,
-                canonical_json(detail),
-                True,
-                0,
-                command.note,
-            )
-        )
+        detail: dict[str, Any] = {"health": HEALTH_NAMES[actor.health]}
+        reason = self._admit(actor, command, detail)
+        if reason is None:
+            actor.limits = NO_LIMITS if command.limits == NO_LIMITS else command.limits
+            if command.clear_reduce_only:
+                actor.reduce_only = False
+                # Measure drawdown from here on, or the old peak would trip it again at once.
+                actor.peak_equity = equity(actor, state.marks, state.settlement_symbols)
+            self._accepted(actor, command, now_ms, detail)
+            detail["before"] = before
+            detail["after"] = {"limits": actor.limits.named(), "reduce_only": actor.reduce_only}
+        action = AUDIT_SET_RISK_LIMITS
+        self._decided(actor.user_id, command, action, reason=reason or 0, detail=detail, out=out)
 
     def control(
         self, actor: UserActor, command: UserControl, now_ms: int, out: list[Egress]
     ) -> None:
-        state = self.state
         action = command.action
         detail: dict[str, Any] = {"health": HEALTH_NAMES[actor.health]}
-        reason = 0
-        if action == UserControlAction.RESTART:
-            reason = self._restart(actor, now_ms, detail, out)
-        else:
+        reason = self._admit(actor, command, detail)
+        if reason is None and action == UserControlAction.RESTART:
+            reason = self._restart(actor, command, now_ms, detail, out)
+        elif reason is None:
             halt = action == UserControlAction.HALT_TRADING
             detail["trading_halted_before"] = actor.trading_halted
-            if actor.trading_halted != halt:
-                actor.trading_halted = halt
-                state.touch(actor, now_ms)
+            actor.trading_halted = halt
+            self._accepted(actor, command, now_ms, detail)
             detail["trading_halted"] = halt
-        counters = state.counters
+        name = _ACTIONS[UserControlAction(action)]
+        self._decided(actor.user_id, command, name, reason=reason or 0, detail=detail, out=out)
+
+    @staticmethod
+    def _admit(
+        actor: UserActor, command: SetRiskLimits | UserControl, detail: dict[str, Any]
+    ) -> int | None:
+        """None to decide the command; 0 for a copy decided already; else a refusal."""
+        if command.request_id and command.request_id == actor.last_control_id:
+            detail["duplicate"] = True  # answered as first decided: nothing changes
+            detail["control_version"] = actor.control_version
+            return 0
+        pinned = command.if_control_version
+        if pinned is not None and pinned != actor.control_version:
+            detail["control_version"] = actor.control_version
+            detail["if_control_version"] = pinned
+            return int(RejectReason.CONTROL_VERSION_STALE)
+        return None
+
+    def _accepted(
+        self,
+        actor: UserActor,
+        command: SetRiskLimits | UserControl,
+        now_ms: int,
+        detail: dict[str, Any],
+    ) -> None:
+        """A control decided and accepted: the user's next control version."""
+        actor.control_version += 1
+        actor.last_control_id = command.request_id
+        detail["control_version"] = actor.control_version
+        # Activity: a flush already begun would write the state from before this control.
+        self.state.touch(actor, now_ms)
+
+    def _decided(
+        self,
+        user_id: int,
+        command: SetRiskLimits | UserControl,
+        action: str,
+        *,
+        reason: int,
+        detail: dict[str, Any],
+        out: list[Egress],
+    ) -> None:
+        if command.request_id:
+            detail["request_id"] = command.request_id
+        counters = self.state.counters
         counters.operator_commands += 1
         if reason:
             counters.operator_commands_refused += 1
@@ -115,9 +160,9 @@ class OperatorControls:
             out.append(ShardResult(command.correlation_id, True))
         out.append(
             OperatorAudit(
-                actor.user_id,
+                user_id,
                 command.operator,
-                _ACTIONS[UserControlAction(action)],
+                action,
                 canonical_json(detail),
                 not reason,
                 reason,
@@ -127,25 +172,16 @@ class OperatorControls:
 
     def restart_absent(self, command: UserControl, out: list[Egress]) -> None:
         """A restart of a user with no actor here: nothing to rebuild, accepted as is."""
-        state = self.state
-        state.counters.operator_commands += 1
-        hydrating = command.user_id in state.hydrations
-        detail = {"resident": False, "hydrating": hydrating}
-        out.append(ShardResult(command.correlation_id, True))
-        out.append(
-            OperatorAudit(
-                command.user_id,
-                command.operator,
-                AUDIT_RESTART,
-                canonical_json(detail),
-                True,
-                0,
-                command.note,
-            )
-        )
+        detail = {"resident": False, "hydrating": command.user_id in self.state.hydrations}
+        self._decided(command.user_id, command, AUDIT_RESTART, reason=0, detail=detail, out=out)
 
     def _restart(
-        self, actor: UserActor, now_ms: int, detail: dict[str, Any], out: list[Egress]
+        self,
+        actor: UserActor,
+        command: UserControl,
+        now_ms: int,
+        detail: dict[str, Any],
+        out: list[Egress],
     ) -> int:
         if actor.lifecycle == DEHYDRATING:
             detail["dehydrating"] = True  # on its way to PostgreSQL already
@@ -160,6 +196,8 @@ class OperatorControls:
             # The money itself is wrong: flushing it would write the damage through.
             detail["negative_balances"] = negative
             return int(RejectReason.INTERNAL_ERROR)
+        # Counted before the flush begins, so the flushed state carries it.
+        self._accepted(actor, command, now_ms, detail)
         self.eviction.begin(actor, now_ms, out)
         self.state.counters.operator_restarts += 1
         detail["epoch"] = actor.epoch

@@ -50,10 +50,11 @@ from services.shard.core.statistics import SweepStatistics
 
 # 2: actors keep their last matcher event sequences; 3: routing; 4: operator controls
 # (an actor's trading halt, the operator and note of a parked command); 5: the
-# persister's cursor
-SNAPSHOT_VERSION = 5
+# persister's cursor; 6: an actor's control version and last control request id (and
+# a parked control's), so a restored replica refuses a stale copy as the live one does
+SNAPSHOT_VERSION = 6
 # version -> fields (a 2 has no routing document, a 4 no persister cursor)
-_READABLE_VERSIONS = {2: 20, 3: 21, 4: 21, 5: 22}
+_READABLE_VERSIONS = {2: 20, 3: 21, 4: 21, 5: 22, 6: 22}
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -71,6 +72,8 @@ def item_plain(item: ParkedItem) -> tuple[Any, ...]:
             item.clear_reduce_only,
             item.operator,
             item.note,
+            item.request_id,
+            item.if_control_version,
         )
     return (_TAGS[type(item)], *item)
 
@@ -80,7 +83,7 @@ def item_from_plain(data: tuple[Any, ...]) -> ParkedItem:
     if tag == "event":
         return ParkedEvent(data[1], MatcherEvent(*data[2]))
     if tag == "limits":
-        return SetRiskLimits(data[1], data[2], RiskLimits(*data[3]), data[4], *data[5:7])
+        return SetRiskLimits(data[1], data[2], RiskLimits(*data[3]), data[4], *data[5:])
     kind = _KINDS.get(tag)
     if kind is None:
         raise SnapshotFormatError(f"unknown parked command {tag!r}")
@@ -152,6 +155,8 @@ def actor_plain(actor: UserActor) -> tuple[Any, ...]:
         ),
         tuple(actor.event_sequences.items()),
         actor.trading_halted,
+        actor.control_version,
+        actor.last_control_id,
     )
 
 
@@ -204,6 +209,8 @@ def actor_from_plain(data: tuple[Any, ...]) -> UserActor:
     actor.reduce_only = reduce_only
     actor.peak_equity = peak_equity
     actor.trading_halted = bool(data[23]) if len(data) > 23 else False  # before version 4
+    if len(data) > 24:  # before version 6 no control had a version
+        actor.control_version, actor.last_control_id = data[24], data[25]
     actor.recency_seq = recency_seq
     actor.failures = list(failures)
     if wait is not None:

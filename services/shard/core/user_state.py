@@ -47,3 +47,5 @@ class UserState:
     reduce_only: bool = False
     peak_equity: int = 0
     trading_halted: bool = False  # an operator's halt: places and withdrawals refused
+    control_version: int = 0  # operator controls accepted so far (operator_controls.py)
+    last_control_id: str = ""  # the request id of the last of them
