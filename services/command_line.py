@@ -12,8 +12,11 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from services.runtime.core.replica import UnsupportedVersionError
 from services.settings import SettingsError
 from services.transport.grpc_runtime import choose_grpc_experiments
+
+EXIT_UNSUPPORTED_VERSION = 3  # the log or a snapshot needs a newer build
 
 # (subcommand, module that provides `register`)
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
@@ -71,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # traceback, and the exit code of bad usage.
         print(f"oms {arguments.command}: {error}", file=sys.stderr)
         return 2
+    except UnsupportedVersionError as error:
+        # A replica whose build cannot decide under the log's state-machine version
+        # stops before applying it: one line naming both versions, its own exit code.
+        print(f"oms {arguments.command}: {error}", file=sys.stderr)
+        return EXIT_UNSUPPORTED_VERSION
     return int(result or 0)
 
 

@@ -28,7 +28,12 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from services.observability.metrics import QUEUE_DWELL
-from services.runtime.core.log_batch import LogBatch, encode_batch, encode_checkpoint
+from services.runtime.core.log_batch import (
+    LogBatch,
+    encode_batch,
+    encode_checkpoint,
+    encode_version,
+)
 from services.runtime.core.replica import Replica
 from services.runtime.core.state_machine import EntryKind
 from services.runtime.errors import IngressFullError
@@ -76,9 +81,15 @@ class SequencerStatistics:
 
 
 class _Submission:
-    __slots__ = ("enqueued_ns", "future", "payloads", "size_bytes")
+    __slots__ = ("enqueued_ns", "future", "kind", "payloads", "size_bytes")
 
-    def __init__(self, payloads: Sequence[bytes], future: asyncio.Future[Receipt[Any]]) -> None:
+    def __init__(
+        self,
+        payloads: Sequence[bytes],
+        future: asyncio.Future[Receipt[Any]],
+        kind: int = int(EntryKind.COMMAND),
+    ) -> None:
+        self.kind = kind
         self.payloads = payloads
         self.future = future
         self.size_bytes = sum(len(payload) for payload in payloads) + 5 * len(payloads)
@@ -129,8 +140,11 @@ class Sequencer(Generic[EgressT]):
 
     # --- ingress ------------------------------------------------------------------
 
-    def submit_many(self, payloads: Sequence[bytes]) -> asyncio.Future[Receipt[EgressT]]:
-        """Queue commands that must land together; raises `IngressFullError` when full."""
+    def submit_many(
+        self, payloads: Sequence[bytes], kind: int = int(EntryKind.COMMAND)
+    ) -> asyncio.Future[Receipt[EgressT]]:
+        """Queue commands that must land together; raises `IngressFullError` when full.
+        (`kind`: another entry kind, as `propose_version` logs a VERSION entry.)"""
         if not payloads:
             raise ValueError("nothing to submit")
         if len(payloads) > self.settings.max_batch_entries:
@@ -147,7 +161,7 @@ class Sequencer(Generic[EgressT]):
                 f"{self.settings.max_pending_entries})"
             )
         future: asyncio.Future[Receipt[EgressT]] = asyncio.get_running_loop().create_future()
-        submission = _Submission(payloads, future)
+        submission = _Submission(payloads, future, kind)
         if submission.size_bytes > self.settings.max_batch_bytes:
             raise ValueError(f"{submission.size_bytes} bytes exceed the batch byte cap")
         self._pending.append(submission)
@@ -158,6 +172,16 @@ class Sequencer(Generic[EgressT]):
     async def submit(self, payload: bytes) -> tuple[int, Sequence[EgressT]]:
         receipt = await self.submit_many((payload,))
         return receipt.first_position, receipt.outputs[0]
+
+    async def propose_version(self, version: int) -> int:
+        """Log a VERSION entry: the machine decides under `version` from its position on
+        (every replica alike). The caller checks the group can run it; returns the
+        entry's position once durable."""
+        implemented = self.replica.machine.implemented_versions
+        if version not in implemented:
+            raise ValueError(f"this build does not implement state-machine version {version}")
+        receipt = await self.submit_many((encode_version(version),), int(EntryKind.VERSION))
+        return receipt.first_position
 
     @property
     def pending_entries(self) -> int:
@@ -247,7 +271,6 @@ class Sequencer(Generic[EgressT]):
         entries: list[tuple[int, bytes]] = []
         taken: list[_Submission] = []
         taken_bytes = 0
-        command = int(EntryKind.COMMAND)
         now_ns = time.perf_counter_ns()
         while self._pending:
             submission = self._pending[0]
@@ -259,7 +282,8 @@ class Sequencer(Generic[EgressT]):
             self._pending.popleft()
             taken.append(submission)
             taken_bytes += submission.size_bytes
-            entries.extend([(command, payload) for payload in submission.payloads])
+            kind = submission.kind
+            entries.extend([(kind, payload) for payload in submission.payloads])
             dwell = now_ns - submission.enqueued_ns
             observe_dwell(dwell / 1e9)
             if dwell > self._window_max_dwell_ns:

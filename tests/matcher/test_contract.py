@@ -250,6 +250,24 @@ def test_snapshot_restore_gives_the_same_hash_and_the_same_future(seed: int) -> 
     assert restored.machine.snapshot() == original.machine.snapshot()
 
 
+def test_the_state_machine_version_is_in_the_snapshot_and_the_hash() -> None:
+    entries = random_commands(seed=4, batches=100)
+    driver = Driver.create()
+    feed(driver, entries)
+    at_1, snapshot_at_1 = driver.machine.state_hash(), driver.machine.snapshot()
+    # A version 1 snapshot (the layout before versions: no version field) still loads.
+    header, rest = snapshot_at_1[:12], snapshot_at_1[12:]
+    old_layout = header[:8] + (1).to_bytes(4, "little") + rest[:16] + rest[20:]
+    restored = Driver(MatcherMachine(driver.machine.settings))
+    restored.machine.restore(old_layout)
+    assert restored.machine.version == 1 and restored.machine.state_hash() == at_1
+    driver.machine.activate_version(2)
+    assert driver.machine.state_hash() != at_1
+    restored.machine.restore(driver.machine.snapshot())
+    assert restored.machine.version == 2
+    assert restored.machine.state_hash() == driver.machine.state_hash()
+
+
 def test_gtd_expires_at_consensus_time_after_restore() -> None:
     driver = Driver.create()
     driver.one(limit("s1:1:1", 1, BUY, 100, 2, tif=GTD, expire_at_ms=2_000), 1_000)

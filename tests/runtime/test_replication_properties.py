@@ -51,6 +51,9 @@ class LedgerMachine:
     Malformed or refused commands are answered in egress and change nothing.
     """
 
+    version = 1  # one rule set (test_machine_versions.py exercises versions)
+    implemented_versions = frozenset({1})
+
     def __init__(self) -> None:
         self.balances: dict[int, int] = {}
         self.holds: dict[int, tuple[int, int, int]] = {}  # id -> (key, amount, expires_ms)
@@ -65,6 +68,9 @@ class LedgerMachine:
         self.balances[key] = self.balances.get(key, 0) + amount
         self.changed_at[key] = position
         return self.balances[key]
+
+    def activate_version(self, version: int) -> None:
+        raise AssertionError("the ledger has no version but 1")
 
     def apply(self, command: bytes, context: ApplyContext) -> Sequence[Egress]:
         op = command[:1]

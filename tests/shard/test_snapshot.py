@@ -126,8 +126,8 @@ def test_a_version_4_snapshot_restores_with_no_cursor() -> None:
     """Snapshots written before the cursor was logged still load (its floor: 0)."""
     driver = _busy_driver()
     current = pickle.loads(driver.machine.snapshot())
-    assert current[0] == 6
-    version_4 = pickle.dumps((4, *current[1:-1]), protocol=5)
+    assert current[0] == 7
+    version_4 = pickle.dumps((4, *current[1:21]), protocol=5)
     replica = ShardMachine(driver.settings)
     replica.restore(version_4)
     assert replica.egress_floor is None  # as before the persister's first report
@@ -140,9 +140,30 @@ def test_a_version_5_snapshot_restores_its_actors_at_control_version_0() -> None
     current = pickle.loads(driver.machine.snapshot())
     actors = current[6]
     assert actors and all(len(actor) == 26 for actor in actors)
-    version_5 = pickle.dumps((5, *current[1:6], [a[:24] for a in actors], *current[7:]), protocol=5)
+    version_5 = pickle.dumps(
+        (5, *current[1:6], [a[:24] for a in actors], *current[7:22]), protocol=5
+    )
     replica = ShardMachine(driver.settings)
     replica.restore(version_5)
     for actor in replica.state.actors.values():
         assert (actor.control_version, actor.last_control_id) == (0, "")
     assert replica.statistics() == driver.machine.statistics()
+
+
+def test_a_version_6_snapshot_restores_at_state_machine_version_1() -> None:
+    driver = _busy_driver()
+    current = pickle.loads(driver.machine.snapshot())
+    assert current[22] == 1
+    replica = ShardMachine(driver.settings)
+    replica.restore(pickle.dumps((6, *current[1:22]), protocol=5))
+    assert replica.version == 1 and replica.state_hash() == driver.machine.state_hash()
+
+
+def test_the_state_machine_version_is_in_the_snapshot_and_the_hash() -> None:
+    driver = _busy_driver()
+    at_1 = driver.machine.state_hash()
+    driver.machine.activate_version(2)
+    assert driver.machine.state_hash() != at_1
+    replica = ShardMachine(driver.settings)
+    replica.restore(driver.machine.snapshot())
+    assert replica.version == 2 and replica.state_hash() == driver.machine.state_hash()

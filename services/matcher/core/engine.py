@@ -68,6 +68,7 @@ _HASH_SETTINGS = struct.Struct("<QQQQQ")
 _HASH_SYMBOL = struct.Struct("<qqqqqqqBqQQ")
 _HASH_STREAM = struct.Struct("<QQ")
 _HASH_USER = struct.Struct("<Q")
+_HASH_VERSION = struct.Struct("<I")
 
 
 class MatcherEngine(EngineState):
@@ -197,4 +198,7 @@ class MatcherEngine(EngineState):
             digest.update(_HASH_STREAM.pack(stream.next_sequence, len(stream.retained)))
         for user_id in sorted(self.kill_switched):
             digest.update(_HASH_USER.pack(user_id))
+        if self.machine_version > 1:
+            # Only past version 1, so a build from before versions hashes alike.
+            digest.update(_HASH_VERSION.pack(self.machine_version))
         return digest.digest()

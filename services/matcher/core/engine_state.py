@@ -56,6 +56,7 @@ class EngineState:
         self.last_trade_id = 0
         self.last_arrival = 0
         self.digest_sum = 0  # sum of every dedup record's digest, mod 2^64
+        self.machine_version = 1  # the state-machine version decisions are made under
         self.install_symbols(settings.symbols)
 
     def install_symbols(self, symbols: Sequence[SymbolSettings]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protos.oms.v1 import matcher_pb2
-from services.matcher.core import codec
+from services.matcher.core import codec, versions
 from services.matcher.core.codec import CommandDecodeError
 from services.matcher.core.commands import CommandResult
 from services.matcher.core.engine import MatcherEngine
@@ -101,6 +101,19 @@ class MatcherMachine:
         events = self.engine.on_timer(context.consensus_time_ms)
         # Nothing at all when nothing expired: the sequencer spaces idle timers wider.
         return (MatcherEgress((), tuple(events)),) if events else ()
+
+    # --- versions (services/runtime/core/state_machine.py) ----------------------------
+
+    @property
+    def version(self) -> int:
+        return self.engine.machine_version
+
+    @property
+    def implemented_versions(self) -> frozenset[int]:
+        return versions.IMPLEMENTED_VERSIONS
+
+    def activate_version(self, version: int) -> None:
+        self.engine.machine_version = version
 
     def snapshot(self) -> bytes:
         return write_snapshot(self.engine)

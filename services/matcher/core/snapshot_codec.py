@@ -63,11 +63,14 @@ if TYPE_CHECKING:
     from services.matcher.core.engine import MatcherEngine
 
 MAGIC = b"OMSMATCH"
-VERSION = 1
+# 2: the state-machine version in force follows the counters (a 1 is at version 1)
+VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 _HEADER = struct.Struct("<8sI")
 _COUNT = struct.Struct("<I")
 _COUNTERS = struct.Struct("<QQ")
+_MACHINE_VERSION = struct.Struct("<I")
 _SYMBOL = struct.Struct("<qqqqqqqBqQQ")
 _USER = struct.Struct("<Q")
 _SPEC = struct.Struct("<QQiiiqqqQi")
@@ -103,6 +106,7 @@ def write_snapshot(engine: MatcherEngine) -> bytes:
     parts = writer.parts
     parts.append(_HEADER.pack(MAGIC, VERSION))
     parts.append(_COUNTERS.pack(engine.last_trade_id, engine.last_arrival))
+    parts.append(_MACHINE_VERSION.pack(engine.machine_version))
 
     writer.count(len(engine.books))
     for book in engine.books.values():
@@ -272,6 +276,7 @@ class _Image:
 
     last_trade_id: int
     last_arrival: int
+    machine_version: int
     symbols: list[tuple[SymbolSettings, bool, int, int, int]]
     kill_switched: list[int]
     specs: list[OrderSpec]
@@ -297,9 +302,10 @@ def restore_snapshot(engine: MatcherEngine, data: bytes) -> None:
 def _read_image(data: bytes) -> _Image:
     reader = _Reader(data)
     magic, version = reader.unpack(_HEADER)
-    if magic != MAGIC or version != VERSION:
-        raise SnapshotFormatError(f"not a version {VERSION} matcher snapshot")
+    if magic != MAGIC or version not in _READABLE_VERSIONS:
+        raise SnapshotFormatError(f"not a matcher snapshot of a version this code reads: {version}")
     last_trade_id, last_arrival = reader.unpack(_COUNTERS)
+    (machine_version,) = reader.unpack(_MACHINE_VERSION) if version >= 2 else (1,)
 
     symbols = []
     for _ in range(reader.count()):
@@ -327,7 +333,15 @@ def _read_image(data: bytes) -> _Image:
     if reader.offset != len(data):
         raise SnapshotFormatError("trailing bytes after the matcher snapshot")
     return _Image(
-        last_trade_id, last_arrival, symbols, kill_switched, specs, live, finished, streams
+        last_trade_id,
+        last_arrival,
+        machine_version,
+        symbols,
+        kill_switched,
+        specs,
+        live,
+        finished,
+        streams,
     )
 
 
@@ -461,6 +475,7 @@ def _install(engine: MatcherEngine, image: _Image) -> None:
         symbol_book.last_trade_time_ms = time_ms
     engine.last_trade_id = image.last_trade_id
     engine.last_arrival = image.last_arrival
+    engine.machine_version = image.machine_version
     engine.kill_switched = {user_id: None for user_id in image.kill_switched}
 
     retained = engine.settings.retained_events_per_shard

@@ -124,6 +124,7 @@ def decode_batch_at(buffer: bytes | memoryview, offset: int = 0) -> tuple[LogBat
 
 
 CHECKPOINT_PAYLOAD = struct.Struct("<Q")
+VERSION_PAYLOAD = struct.Struct("<I")
 
 
 def encode_checkpoint(position: int, state_hash: bytes) -> bytes:
@@ -136,3 +137,17 @@ def decode_checkpoint(payload: bytes) -> tuple[int, bytes]:
         raise RecordCorruptedError("checkpoint payload too short")
     (position,) = CHECKPOINT_PAYLOAD.unpack_from(payload, 0)
     return position, payload[CHECKPOINT_PAYLOAD.size :]
+
+
+def encode_version(version: int) -> bytes:
+    """Payload of a VERSION entry: the state-machine version in force from it on."""
+    if version < 1:
+        raise ValueError(f"a state-machine version is positive, not {version}")
+    return VERSION_PAYLOAD.pack(version)
+
+
+def decode_version(payload: bytes) -> int:
+    if len(payload) != VERSION_PAYLOAD.size:
+        raise RecordCorruptedError("version payload of the wrong size")
+    (version,) = VERSION_PAYLOAD.unpack(payload)
+    return int(version)

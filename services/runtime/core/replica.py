@@ -6,6 +6,12 @@ merely formed the batch. Every time a batch crosses a multiple of
 batch's last position. The leader later appends that hash as a CHECKPOINT entry,
 and any replica (or a replay from disk) applying it compares it with its own
 hash for that position: a mismatch is a determinism bug and stops the replica.
+
+A VERSION entry switches the machine to a newer state-machine version at its
+position. A replica whose build does not implement that version (or the version
+of the snapshot it restores) stops before applying it, naming both, instead of
+deciding the log's commands under rules the leader did not use. A VERSION entry
+at or below the version in force changes nothing: an activation logged twice.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Generic, TypeVar
 
-from services.runtime.core.log_batch import LogBatch, decode_checkpoint
+from services.runtime.core.log_batch import LogBatch, decode_checkpoint, decode_version
 from services.runtime.core.state_machine import ApplyContext, EntryKind, StateMachine
 
 EgressT = TypeVar("EgressT")
@@ -26,6 +32,7 @@ _NO_EGRESS: tuple[()] = ()
 _COMMAND = int(EntryKind.COMMAND)
 _TIMER = int(EntryKind.TIMER)
 _CHECKPOINT = int(EntryKind.CHECKPOINT)
+_VERSION = int(EntryKind.VERSION)
 
 
 class ReplicaInvariantError(RuntimeError):
@@ -34,6 +41,14 @@ class ReplicaInvariantError(RuntimeError):
 
 class DivergenceError(ReplicaInvariantError):
     """This replica's state hash differs from the one the leader logged."""
+
+
+class UnsupportedVersionError(ReplicaInvariantError):
+    """The log or a snapshot is at a state-machine version this build does not implement."""
+
+
+def describe_versions(versions: frozenset[int]) -> str:
+    return ", ".join(str(version) for version in sorted(versions))
 
 
 class Replica(Generic[EgressT]):
@@ -45,12 +60,21 @@ class Replica(Generic[EgressT]):
         self.applied_position = 0
         self.consensus_time_ms = 0
         self.checkpoints_verified = 0
+        self.versions_repeated = 0  # VERSION entries at or below the version in force
         self._context = ApplyContext()
         self._recent_hashes: OrderedDict[int, bytes] = OrderedDict()
 
     def restore(self, data: bytes, position: int, consensus_time_ms: int) -> None:
         """Load a snapshot taken at `position`; the log continues at `position + 1`."""
         self.machine.restore(data)
+        version = self.machine.version
+        implemented = self.machine.implemented_versions
+        if version not in implemented:
+            raise UnsupportedVersionError(
+                f"the snapshot at position {position} is at state-machine version {version};"
+                f" this build implements versions {describe_versions(implemented)}: run a"
+                f" build that implements version {version}"
+            )
         self.applied_position = position
         self.consensus_time_ms = consensus_time_ms
         self._recent_hashes.clear()
@@ -82,6 +106,9 @@ class Replica(Generic[EgressT]):
             elif kind == _CHECKPOINT:
                 self._verify_checkpoint(payload, position)
                 append(_NO_EGRESS)
+            elif kind == _VERSION:
+                self._activate(decode_version(payload), position)
+                append(_NO_EGRESS)
             else:
                 raise ReplicaInvariantError(f"unknown entry kind {kind} at position {position}")
             position += 1
@@ -108,6 +135,22 @@ class Replica(Generic[EgressT]):
         self._recent_hashes[position] = digest
         while len(self._recent_hashes) > _RECENT_HASHES_KEPT:
             self._recent_hashes.popitem(last=False)
+
+    def _activate(self, version: int, position: int) -> None:
+        machine = self.machine
+        in_force = machine.version
+        if version <= in_force:
+            self.versions_repeated += 1
+            return
+        implemented = machine.implemented_versions
+        if version not in implemented:
+            raise UnsupportedVersionError(
+                f"the log activates state-machine version {version} at position {position}"
+                f" (in force: {in_force}); this build implements versions"
+                f" {describe_versions(implemented)}: this replica stops before applying it;"
+                f" run a build that implements version {version}"
+            )
+        machine.activate_version(version)
 
     def _verify_checkpoint(self, payload: bytes, entry_position: int) -> None:
         hashed_position, leader_hash = decode_checkpoint(payload)

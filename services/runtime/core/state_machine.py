@@ -4,6 +4,15 @@ A state machine sees only logged input: commands (opaque bytes it decodes
 itself) and timer ticks, each with an `ApplyContext` carrying the log position
 and the consensus time the leader stamped on the batch. It returns egress, which
 the runtime releases only once the entry is durable, and only from the leader.
+
+Its decisions are made under a **state-machine version**: the rules of one release
+of its code. A build implements a set of versions (`implemented_versions`: the new
+rules and every older rule set it keeps), and decides under the one in force
+(`version`, part of its state: snapshot and hash), which changes only at a VERSION
+entry of the log (`activate_version`), at the same position on every replica. So
+replicas running different builds decide alike until the group switches, and a
+build that does not implement the log's version stops before applying it
+(`services/runtime/core/replica.py`, `UnsupportedVersionError`).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ class EntryKind(IntEnum):
     COMMAND = 1
     TIMER = 2
     CHECKPOINT = 3
+    VERSION = 4  # the state-machine version in force from the next entry on
 
 
 class ApplyContext:
@@ -42,6 +52,20 @@ class ApplyContext:
 
 class StateMachine(Protocol[EgressT_co]):
     """Validate, apply with the logged time, snapshot, restore, hash."""
+
+    @property
+    def version(self) -> int:
+        """The state-machine version its decisions are made under now."""
+        ...
+
+    @property
+    def implemented_versions(self) -> frozenset[int]:
+        """Every version this build can decide under."""
+        ...
+
+    def activate_version(self, version: int) -> None:
+        """Decide under `version` (implemented, higher than `version`) from now on."""
+        ...
 
     def apply(self, command: bytes, context: ApplyContext) -> Sequence[EgressT_co]:
         """Apply one logged command. Bad input is answered in egress, never raised."""

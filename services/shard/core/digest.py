@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import marshal
+from typing import Any
 
 from services.shard.core.actor import UserActor
 from services.shard.core.shard_state import ShardState
@@ -53,7 +54,7 @@ def refresh(state: ShardState) -> None:
 
 def state_hash(state: ShardState) -> bytes:
     refresh(state)
-    shard_part = (
+    shard_part: tuple[Any, ...] = (
         len(state.actors),
         state.digest_sum,
         state.dehydrating,
@@ -86,6 +87,10 @@ def state_hash(state: ShardState) -> bytes:
         state.routing_raw,
         state.persisted_through,
     )
+    if state.machine_version > 1:
+        # Only past version 1, so a build from before versions hashes version 1 alike
+        # and the release that brought them could be rolled in replica by replica.
+        shard_part = (*shard_part, state.machine_version)
     return hashlib.blake2b(
         state.settings.fingerprint() + repr(shard_part).encode(),
         digest_size=32,

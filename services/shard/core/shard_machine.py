@@ -28,7 +28,7 @@ from typing import Any
 
 from services.routing.core.routing_document import RoutingDocument, RoutingDocumentError
 from services.runtime.core.state_machine import ApplyContext
-from services.shard.core import digest, snapshot
+from services.shard.core import digest, snapshot, versions
 from services.shard.core.actor import (
     DEHYDRATING,
     HALTED,
@@ -171,6 +171,19 @@ class ShardMachine:
         if self.state.leaving:
             self.ownership.evict_leaving(now, out)
         return out
+
+    # --- versions (services/runtime/core/state_machine.py) ----------------------------
+
+    @property
+    def version(self) -> int:
+        return self.state.machine_version
+
+    @property
+    def implemented_versions(self) -> frozenset[int]:
+        return versions.IMPLEMENTED_VERSIONS
+
+    def activate_version(self, version: int) -> None:
+        self.state.machine_version = version
 
     def snapshot(self) -> bytes:
         return snapshot.encode(self.state)

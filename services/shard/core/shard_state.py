@@ -90,6 +90,8 @@ class ShardState:
         # The persister's cursor as of this log position (`Persisted`): egress through it
         # is in PostgreSQL, so a replica keeps a snapshot at or before it (snapshot_policy).
         self.persisted_through = 0
+        # The state-machine version its decisions are made under (`versions.py`).
+        self.machine_version = 1
         self.dedup_waits: dict[int, None] = {}  # users with a DB dedup lookup out
         self.deferred_reconciles: list[Reconcile] = []
         self.tombstones: OrderedDict[int, int] = OrderedDict()  # evicted user -> db_version

@@ -51,10 +51,12 @@ from services.shard.core.statistics import SweepStatistics
 # 2: actors keep their last matcher event sequences; 3: routing; 4: operator controls
 # (an actor's trading halt, the operator and note of a parked command); 5: the
 # persister's cursor; 6: an actor's control version and last control request id (and
-# a parked control's), so a restored replica refuses a stale copy as the live one does
-SNAPSHOT_VERSION = 6
-# version -> fields (a 2 has no routing document, a 4 no persister cursor)
-_READABLE_VERSIONS = {2: 20, 3: 21, 4: 21, 5: 22, 6: 22}
+# a parked control's), so a restored replica refuses a stale copy as the live one does;
+# 7: the state-machine version in force
+SNAPSHOT_VERSION = 7
+# version -> fields (a 2 has no routing document, a 4 no persister cursor, a 6 no
+# state-machine version: 1)
+_READABLE_VERSIONS = {2: 20, 3: 21, 4: 21, 5: 22, 6: 22, 7: 23}
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -266,6 +268,7 @@ def encode(state: ShardState) -> bytes:
         ),
         state.routing_raw,
         state.persisted_through,
+        state.machine_version,
     )
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=5)
@@ -295,6 +298,7 @@ def decode_into(state: ShardState, data: bytes) -> None:
         raise SnapshotFormatError("not a shard snapshot of a version this code reads")
     routing_raw = payload[20] if len(payload) > 20 else b""
     persisted_through = payload[21] if len(payload) > 21 else 0
+    machine_version = payload[22] if len(payload) > 22 else 1
     (
         _,
         fingerprint,
@@ -325,6 +329,7 @@ def decode_into(state: ShardState, data: bytes) -> None:
         state.recency_counter = recency_counter
         state.parked_client_commands = parked_client_commands
         state.persisted_through = persisted_through
+        state.machine_version = machine_version
         for plain in actors:
             actor = actor_from_plain(plain)
             state.actors[actor.user_id] = actor
