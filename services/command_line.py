@@ -27,6 +27,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("persister", "persister.command"),
     ("demo", "services.mesh.demo"),
     ("status", "services.mesh.status_command"),
+    ("upgrade", "services.mesh.upgrade_command"),
     ("audit", "auditor.command"),
     ("sim", "simulation.command"),
     ("chaos", "simulation.chaos_command"),
@@ -74,12 +75,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         # traceback, and the exit code of bad usage.
         print(f"oms {arguments.command}: {error}", file=sys.stderr)
         return 2
-    except UnsupportedVersionError as error:
+    except BaseException as error:
         # A replica whose build cannot decide under the log's state-machine version
         # stops before applying it: one line naming both versions, its own exit code.
-        print(f"oms {arguments.command}: {error}", file=sys.stderr)
+        # (It reaches here inside the task groups' exception groups.)
+        unsupported = _found_in(error, UnsupportedVersionError)
+        if unsupported is None:
+            raise
+        print(f"oms {arguments.command}: {unsupported}", file=sys.stderr)
         return EXIT_UNSUPPORTED_VERSION
     return int(result or 0)
+
+
+def _found_in(error: BaseException, kind: type[Exception]) -> BaseException | None:
+    if isinstance(error, kind):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = _found_in(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":

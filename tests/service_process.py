@@ -73,6 +73,9 @@ class ServiceProcess:
         # Run before the service's own command, which it then execs (a test's wrapper:
         # `tests/partitions/nft_partition.py` puts the process in its cgroup first).
         self.command_prefix: list[str] = []
+        # The module that runs `oms`: another build of it for an upgrade test
+        # (`tests/upgrade/next_release.py`: this code plus a newer state-machine version).
+        self.entry_module = "services.command_line"
         # How the test reaches it: plaintext, as the suite runs (`OMS_TLS=off`), unless a
         # test gives the process TLS settings and this the identity to match.
         self.transport = MeshTransport.plaintext()
@@ -104,7 +107,7 @@ class ServiceProcess:
             *self.command_prefix,
             sys.executable,
             "-m",
-            "services.command_line",
+            self.entry_module,
             self.subcommand,
             *self.service_arguments(),
             "--listen",

@@ -1,7 +1,9 @@
 """Which replicas of a group are alive, and what each could recover from.
 
 Every replica keeps one key, `<prefix>replicas/<its address>`, under a lease of its
-own: the value is the position of the oldest snapshot it keeps on its disk. The
+own: the value is the position of the oldest snapshot it keeps on its disk, and the
+state-machine versions its build implements (the leader logs a switch to a version
+only once every live replica implements it: `services/runtime/upgrades.py`). The
 leader deletes log records only below the lowest such position (`truncation_floor`),
 so a live replica that restarts always finds the records after its snapshot. A
 replica that is gone longer than the lease loses its say: the log is truncated
@@ -30,14 +32,26 @@ log = structlog.get_logger(__name__)
 class ReplicaEntry:
     address: str
     snapshot_position: int  # the oldest snapshot it keeps; 0: none yet
+    # The state-machine versions its build implements (a build from before versions
+    # wrote none: it implements version 1 only).
+    implemented_versions: tuple[int, ...] = (1,)
 
 
 class ReplicaRegistry:
-    def __init__(self, session: EtcdSession, keys: GroupKeys, address: str, *, ttl_s: int) -> None:
+    def __init__(
+        self,
+        session: EtcdSession,
+        keys: GroupKeys,
+        address: str,
+        *,
+        ttl_s: int,
+        implemented_versions: frozenset[int] = frozenset({1}),
+    ) -> None:
         self.session = session
         self.keys = keys
         self.address = address
         self.ttl_s = ttl_s
+        self.implemented_versions = tuple(sorted(implemented_versions))
         self.key = keys.replicas + address.encode()
         self.lease = 0
         self.snapshot_position = 0
@@ -48,7 +62,12 @@ class ReplicaRegistry:
 
     async def publish(self, snapshot_position: int) -> None:
         self.snapshot_position = snapshot_position
-        value = json.dumps({"snapshot_position": snapshot_position}).encode()
+        value = json.dumps(
+            {
+                "snapshot_position": snapshot_position,
+                "implemented_versions": list(self.implemented_versions),
+            }
+        ).encode()
         await self.session.put(self.key, value, lease=self.lease)
 
     async def keep(self) -> None:
@@ -79,10 +98,13 @@ class ReplicaRegistry:
         found = []
         for entry in entries:
             try:
-                position = int(json.loads(entry.value)["snapshot_position"])
-            except (ValueError, KeyError, TypeError):
+                value = json.loads(entry.value)
+                position = int(value["snapshot_position"])
+                versions = tuple(int(v) for v in value.get("implemented_versions", (1,)))
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # not ours to read: it holds nothing back
-            found.append(ReplicaEntry(entry.key[len(self.keys.replicas) :].decode(), position))
+            address = entry.key[len(self.keys.replicas) :].decode()
+            found.append(ReplicaEntry(address, position, versions))
         return sorted(found, key=lambda member: member.address)
 
     async def truncation_floor(self) -> int:

@@ -64,6 +64,7 @@ GAUGES = frozenset(
         "durable_position",
         "truncated_through",
         "installed_snapshot",
+        "machine_version",
         # a state machine's sequencer (services/runtime/sequencer.py)
         "pending_entries",
         "last_batch_entries",

@@ -48,6 +48,7 @@ from services.runtime.leader_gate import LeaderGate
 from services.runtime.log_follower import LogFollower
 from services.runtime.node import RuntimeNode
 from services.runtime.snapshot_transfer import SnapshotServer, install_from_peers
+from services.runtime.upgrades import ReplicaUpgrades
 from services.serving.channelz import register_channelz
 from services.serving.health_probe import serve_health_probe
 from services.serving.status_service import register_status
@@ -144,6 +145,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
                 replication.keys,
                 replication.advertise,
                 ttl_s=max(REGISTRY_TTL_S, 3 * replication.lease_ttl_s),
+                implemented_versions=node.replica.machine.implemented_versions,
             )
             await self._install_snapshot_if_behind(session, registry)
             self.recovery = await node.recover(
@@ -173,6 +175,7 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             register_status(server, "replica", self.status)
             register_channelz(server)
             self.snapshot_server.register(server)
+            ReplicaUpgrades(self).register(server)
             plan.register(server)
             local = self.serve_in_process(plan, (gate,))  # refused here too unless leading
             self.bound_port = mesh_transport().listen(server, self.listen_address)
@@ -289,6 +292,8 @@ class ReplicatedHost(RuntimeHost[EgressT]):
             "snapshots_sent": self.snapshot_server.sent,
             "truncated_through": self.truncated_through,
             "compactions": self.compactions,
+            "machine_version": replica.machine.version,
+            "versions_repeated": replica.versions_repeated,
         }
 
     def _where(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ class DepositLoad:
     answers: Counter[str] = field(default_factory=Counter)
     slowest_answer_s: float = 0.0
     last_success: float = 0.0
+    longest_gap_s: float = 0.0  # between two accepted deposits (any users): a test resets it
     max_queued: int = 0
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -67,7 +68,10 @@ class DepositLoad:
                 self._answered(started, "duplicate" if result.duplicate else "accepted")
                 assert result.accepted, result
                 self.accepted[user_id] += 1
-                self.last_success = time.monotonic()
+                now = time.monotonic()
+                if self.last_success:
+                    self.longest_gap_s = max(self.longest_gap_s, now - self.last_success)
+                self.last_success = now
                 break
             await asyncio.sleep(PAUSE_S)
 

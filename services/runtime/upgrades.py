@@ -1,0 +1,133 @@
+"""`oms.v1.ReplicaUpgrades`: a group's state-machine versions, and the switch to a newer one.
+
+Every replica answers `GetVersions`: the version its log is at (in force as of its
+applied position), the versions its build implements, and the group's live replicas
+with theirs, as the replica registry has them. The leader alone answers
+`ActivateVersion(n)`: it logs a VERSION entry (`Sequencer.propose_version`), and every
+replica decides under `n` from that position on. It refuses, changing nothing, while
+any live replica of the group does not implement `n` (its build would stop at the
+entry), while fewer replicas are registered than the caller says the group has (one
+that is down cannot say what it runs), or when its own build does not implement `n`.
+An `n` already in force is answered as such: a retry logs nothing.
+
+A replica that was down during the switch and comes back on a build without `n`
+stops at the entry (`UnsupportedVersionError`, exit 3) before applying it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from protos.oms.v1 import replica_pb2
+from services.coordination.errors import CoordinationError
+from services.runtime.core.replica import describe_versions
+
+if TYPE_CHECKING:
+    from services.runtime.replicated_host import ReplicatedHost
+
+log = structlog.get_logger(__name__)
+SERVICE_NAME = "oms.v1.ReplicaUpgrades"
+
+
+class ReplicaUpgrades:
+    def __init__(self, host: ReplicatedHost[Any]) -> None:
+        self.host = host
+
+    async def get_versions(
+        self, request: replica_pb2.VersionsQuery, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> replica_pb2.ReplicaVersions:
+        host = self.host
+        replica = host.node.replica
+        answer = replica_pb2.ReplicaVersions(
+            address=host.replication.advertise,
+            leading=host.serving_as_leader,
+            leader=host.leader_address,
+            version=replica.machine.version,
+            implemented_versions=sorted(replica.machine.implemented_versions),
+            applied_position=replica.applied_position,
+        )
+        if host.registry is not None:
+            try:
+                members = await host.registry.members()
+            except CoordinationError as error:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {error}")
+            for member in members:
+                answer.members.add(
+                    address=member.address, implemented_versions=member.implemented_versions
+                )
+        return answer
+
+    async def activate_version(
+        self,
+        request: replica_pb2.ActivateVersionRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> replica_pb2.ActivateVersionResponse:
+        host = self.host
+        version = request.version
+        if not host.serving_as_leader or not host.node.writing or host.registry is None:
+            leader = host.leader_address or "unknown"
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"not the group's leader (leader: {leader})"
+            )
+        machine = host.node.replica.machine
+        in_force = machine.version
+        if version <= in_force:
+            return replica_pb2.ActivateVersionResponse(
+                version=in_force, position=0, already_in_force=True
+            )
+        refusal = await self._refusal(version, request.expected_replicas)
+        if refusal:
+            log.warning("upgrade.refused", version=version, why=refusal)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+        position = await host.node.sequencer.propose_version(version)
+        log.warning("upgrade.activated", version=version, position=position, was=in_force)
+        return replica_pb2.ActivateVersionResponse(version=version, position=position)
+
+    async def _refusal(self, version: int, expected_replicas: int) -> str:
+        """Why the group cannot switch to `version` now, or ''."""
+        host = self.host
+        implemented = host.node.replica.machine.implemented_versions
+        if version not in implemented:
+            return (
+                f"this leader's build implements versions {describe_versions(implemented)},"
+                f" not {version}"
+            )
+        assert host.registry is not None
+        try:
+            members = await host.registry.members()
+        except CoordinationError as error:
+            return f"the replica registry could not be read: {error}"
+        if len(members) < expected_replicas:
+            return (
+                f"{len(members)} of {expected_replicas} replicas registered"
+                f" ({', '.join(m.address for m in members)}): a replica that is down cannot"
+                " say what it implements"
+            )
+        lacking = [m for m in members if version not in m.implemented_versions]
+        if lacking:
+            named = "; ".join(
+                f"{m.address} implements {describe_versions(frozenset(m.implemented_versions))}"
+                for m in lacking
+            )
+            return f"not every replica implements version {version}: {named}"
+        return ""
+
+    def register(self, server: grpc.aio.Server) -> None:
+        handlers = {
+            "GetVersions": grpc.unary_unary_rpc_method_handler(
+                self.get_versions,
+                request_deserializer=replica_pb2.VersionsQuery.FromString,
+                response_serializer=replica_pb2.ReplicaVersions.SerializeToString,
+            ),
+            "ActivateVersion": grpc.unary_unary_rpc_method_handler(
+                self.activate_version,
+                request_deserializer=replica_pb2.ActivateVersionRequest.FromString,
+                response_serializer=replica_pb2.ActivateVersionResponse.SerializeToString,
+            ),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )

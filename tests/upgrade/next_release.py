@@ -1,0 +1,56 @@
+"""The next release, as an upgrade test builds it: this code plus state-machine version 2.
+
+Run as `python -m tests.upgrade.next_release <oms subcommand> ...` (a replica restarted
+"on new code"). It implements versions 1 and 2 of the shard and of the matcher, and
+keeps version 1's decisions until the group's log activates 2:
+
+- the shard, version 2: a single deposit above `DEPOSIT_CAP` is refused
+  INVALID_AMOUNT (a new rule; a retry of a deposit already accepted is still answered
+  as before, whatever its size);
+- the matcher, version 2: the same decisions (only the version in its state and hash
+  differ), enough to show a matcher group rolled and switched without divergence.
+
+Nothing here is imported by the services: a build that has not loaded this module
+implements version 1 only, as the release before would.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from services.matcher.core import versions as matcher_versions
+from services.shard.core import versions as shard_versions
+from services.shard.core.actor import UserActor
+from services.shard.core.balances import _DEPOSIT, Funding
+from services.shard.core.commands import Deposit
+from services.shard.core.egress import Egress
+from services.shard.core.saga import refused
+from services.shard.core.vocabulary import RejectReason
+
+DEPOSIT_CAP = 1_000_000
+NEXT_VERSIONS = frozenset({1, 2})
+_deposit_at_version_1 = Funding.deposit
+
+
+def _deposit(
+    self: Funding, actor: UserActor, command: Deposit, now_ms: int, out: list[Egress]
+) -> None:
+    if self.state.machine_version >= 2 and command.amount > DEPOSIT_CAP:
+        if self._answered_before(actor, command, _DEPOSIT, now_ms, out):
+            return
+        out.append(refused(command.correlation_id, RejectReason.INVALID_AMOUNT))
+        return
+    _deposit_at_version_1(self, actor, command, now_ms, out)
+
+
+def install() -> None:
+    shard_versions.IMPLEMENTED_VERSIONS = NEXT_VERSIONS
+    matcher_versions.IMPLEMENTED_VERSIONS = NEXT_VERSIONS
+    Funding.deposit = _deposit  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    install()
+    from services.command_line import main
+
+    sys.exit(main())
