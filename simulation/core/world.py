@@ -153,10 +153,10 @@ class SimWorld:
         self.shard_ids = tuple(f"s{index + 1}" for index in range(groups))
         self.matcher_groups = tuple(sorted({m.matcher_group for m in self.markets}))
         self.shard_settings = {
-            shard: _shard_settings(shard, self.markets) for shard in self.shard_ids
+            shard: shard_settings(shard, self.markets) for shard in self.shard_ids
         }
         self.engine_settings = {
-            group: _engine_settings(group, self.markets) for group in self.matcher_groups
+            group: engine_settings(group, self.markets) for group in self.matcher_groups
         }
         self.routing = RoutingDocument.build(
             1, [Cluster(shard, ClusterState.ACTIVE) for shard in self.shard_ids[: config.shards]]
@@ -695,7 +695,7 @@ def run(config: SimConfig) -> SimResult:
     return SimWorld(config).run()
 
 
-def _shard_settings(shard_id: str, markets: tuple[Market, ...]) -> ShardSettings:
+def shard_settings(shard_id: str, markets: tuple[Market, ...]) -> ShardSettings:
     return ShardSettings(
         shard_id=shard_id,
         symbols=tuple(
@@ -721,7 +721,7 @@ def _shard_settings(shard_id: str, markets: tuple[Market, ...]) -> ShardSettings
     )
 
 
-def _engine_settings(group: str, markets: tuple[Market, ...]) -> EngineSettings:
+def engine_settings(group: str, markets: tuple[Market, ...]) -> EngineSettings:
     return EngineSettings(
         symbols=tuple(
             MatcherSymbol(
