@@ -38,6 +38,11 @@ TARGETS: dict[str, tuple[str, str]] = {
         "seconds from SIGKILL of a shard's or matcher group's leader to its successor's "
         "first acknowledged command",
     ),
+    "upgrade": (
+        "services.bench.upgrade_bench",
+        "the callers' longest wait while each replica of a shard and of a matcher group is "
+        "rolled to the next build, and at the switch to its state-machine version",
+    ),
 }
 
 

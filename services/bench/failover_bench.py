@@ -188,6 +188,8 @@ class ReplicaProcess:
         self.environment = {**environment, f"OMS_{kind.upper()}_ADVERTISE": self.address}
         self.process: subprocess.Popen[bytes] | None = None
         self.incarnations = 0
+        # The module that runs `oms`: another build's for `oms bench upgrade`.
+        self.entry_module = "services.command_line"
 
     @property
     def address(self) -> str:
@@ -198,7 +200,7 @@ class ReplicaProcess:
 
     def start(self) -> None:
         self.incarnations += 1
-        command = [sys.executable, "-m", "services.command_line", self.kind, *self.arguments]
+        command = [sys.executable, "-m", self.entry_module, self.kind, *self.arguments]
         with self.log_path.open("ab") as log:
             log.write(f"--- incarnation {self.incarnations}: {' '.join(command)}\n".encode())
             log.flush()
@@ -216,12 +218,18 @@ class ReplicaProcess:
         if process is not None and process.poll() is None:
             process.kill()
 
+    def terminate(self) -> None:
+        """SIGTERM: a graceful stop (a leader resigns its lease), as a rolling update does."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.terminate()
+
     async def reaped(self) -> None:
         process = self.process
         deadline = time.monotonic() + KILL_WAIT_S
         while process is not None and process.poll() is None:
             if time.monotonic() > deadline:
-                raise FailoverBenchError(f"{self.name} outlived SIGKILL for {KILL_WAIT_S:g} s")
+                raise FailoverBenchError(f"{self.name} outlived its stop for {KILL_WAIT_S:g} s")
             await asyncio.sleep(ACK_POLL_S)
 
     def stop(self) -> None:
@@ -578,7 +586,7 @@ class GroupResult:
     failovers: list[float]
 
 
-def _replica_group(
+def replica_group(
     plan: GroupPlan, root: Path, etcd_endpoints: Sequence[str], lease_ttl_s: int
 ) -> ReplicaGroup:
     setting = f"OMS_{plan.kind.upper()}_"
@@ -637,7 +645,7 @@ async def measure_group(
     return failovers
 
 
-async def _refuse_used_groups(etcd_endpoints: Sequence[str], plans: Sequence[GroupPlan]) -> None:
+async def refuse_used_groups(etcd_endpoints: Sequence[str], plans: Sequence[GroupPlan]) -> None:
     """Never join a group someone else runs (or a crashed run left) on a shared etcd."""
     async with EtcdSession(etcd_endpoints) as session:
         for plan in plans:
@@ -651,7 +659,7 @@ async def _refuse_used_groups(etcd_endpoints: Sequence[str], plans: Sequence[Gro
                 )
 
 
-async def _delete_group_keys(etcd_endpoints: Sequence[str], plans: Sequence[GroupPlan]) -> None:
+async def delete_group_keys(etcd_endpoints: Sequence[str], plans: Sequence[GroupPlan]) -> None:
     """The groups' logs would otherwise be the next run's (or a mesh's) starting state."""
     try:
         async with EtcdSession(etcd_endpoints) as session:
@@ -684,11 +692,11 @@ async def run_groups(
             sigterm = True
     try:
         if shared_etcd:
-            await _refuse_used_groups(etcd.endpoints, plans)
+            await refuse_used_groups(etcd.endpoints, plans)
         results: list[GroupResult] = []
         try:
             for plan in plans:
-                group = _replica_group(plan, root, etcd.endpoints, arguments.lease_ttl_s)
+                group = replica_group(plan, root, etcd.endpoints, arguments.lease_ttl_s)
                 groups.append(group)
                 load: CommandLoad = (
                     ShardLoad(etcd.endpoints, plan.name, CALLERS)
@@ -708,7 +716,7 @@ async def run_groups(
                 # Only once every replica is reaped: a live leader would write again.
                 for group in groups:
                     group.stop()
-                await _delete_group_keys(etcd.endpoints, plans)
+                await delete_group_keys(etcd.endpoints, plans)
         return results
     finally:
         if sigterm:
@@ -716,7 +724,7 @@ async def run_groups(
 
 
 def plan_groups(
-    arguments: argparse.Namespace, markets_file: Path | None
+    arguments: argparse.Namespace, markets_file: Path | None, shard_prefix: str = "failover"
 ) -> tuple[tuple[GroupPlan, ...], Market]:
     """The shard under a fresh name, the matcher group as named; the market its orders use."""
     markets = load_catalog(markets_file).group(arguments.matcher_group)
@@ -725,7 +733,7 @@ def plan_groups(
     matcher_arguments = ["--group", arguments.matcher_group]
     if markets_file is not None:
         matcher_arguments += ["--markets-file", str(markets_file)]
-    shard_id = f"failover-{os.getpid()}-{secrets.token_hex(3)}"
+    shard_id = f"{shard_prefix}-{os.getpid()}-{secrets.token_hex(3)}"
     plans = (
         GroupPlan("shard", shard_id, ("--shard-id", shard_id)),
         GroupPlan("matcher", arguments.matcher_group, tuple(matcher_arguments)),

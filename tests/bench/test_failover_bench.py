@@ -77,7 +77,7 @@ def _service_processes() -> list[str]:
             command_line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue  # gone meanwhile
-        if b"services.command_line" in command_line:
+        if b"services.command_line" in command_line or b"next_release" in command_line:
             command_lines.append(command_line.decode(errors="replace"))
     return command_lines
 
