@@ -3,8 +3,9 @@
 A resource created, its spec changed (`kubectl apply`, `kubectl scale`, `kubectl
 patch`) or found again when the operator restarts is reconciled
 (`mesh_reconciler.py`): its status says the routing epoch, the phase (Ready, Scaling,
-Blocked, Failed), each cluster's state, the pins and the last wave's progress, patched
-while a wave runs. What can wait is retried by kopf (a shard not answering yet,
+Blocked, Upgrading, Failed), each cluster's state, the pins, the last wave's
+progress (patched while a wave runs) and, when the spec names a state-machine
+version, each replicated group's. What can wait is retried by kopf (a shard not answering yet,
 etcd unreachable, users that would not go flat: TemporaryError); a spec that cannot
 be done fails the handler (PermanentError) until the spec changes.
 
@@ -26,6 +27,7 @@ from kubernetes_asyncio import client
 from k8s.operator.kube_config import load_kubernetes_config
 from k8s.operator.mesh_reconciler import MeshReconciler, Publish, Status
 from k8s.operator.mesh_spec import MeshSpec, OmsClusterSpecError
+from k8s.operator.version_rollout import VersionNotReadyError, VersionRollout
 from k8s.operator.workloads import (
     ClusterWorkloads,
     ExternalWorkloads,
@@ -35,6 +37,7 @@ from k8s.operator.workloads import (
 from services.coordination.errors import CoordinationUnavailable
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import DEFAULT_MESH_ID
+from services.mesh.version_switch import NoLeaderError, SwitchRefusedError
 from services.routing.core.routing_document import RoutingDocumentError
 from services.routing.routing_store import RoutingConflictError, RoutingStore
 from services.routing.shard_probe import ShardProbe, ShardUnreachableError
@@ -44,7 +47,7 @@ from services.settings import load_settings, setting
 GROUP, VERSION, PLURAL = "oms.mesh.io", "v1alpha1", "omsclusters"
 RETRY_DELAY_S = 10.0
 BLOCKED_DELAY_S = 30.0
-FAILED, BLOCKED, SCALING = "Failed", "Blocked", "Scaling"
+FAILED, BLOCKED, SCALING, UPGRADING = "Failed", "Blocked", "Scaling", "Upgrading"
 RETRIED = (
     WaveStalledError,
     ShardUnreachableError,
@@ -96,7 +99,12 @@ async def connect(settings: OperatorSettings) -> OperatorContext:
         raise kopf.PermanentError(
             f"OMS_OPERATOR_WORKLOADS is kubernetes or external, not {settings.workloads!r}"
         )
-    reconciler = MeshReconciler(RoutingStore(session, settings.mesh_id), probe, workloads)
+    reconciler = MeshReconciler(
+        RoutingStore(session, settings.mesh_id),
+        probe,
+        workloads,
+        VersionRollout(session, settings.mesh_id),
+    )
     return OperatorContext(reconciler, status_publisher, session)
 
 
@@ -163,6 +171,10 @@ async def reconcile(
     except WaveBlockedError as error:
         patch.status.update(phase=BLOCKED, message=str(error))
         raise kopf.TemporaryError(str(error), delay=BLOCKED_DELAY_S) from error
+    except (VersionNotReadyError, SwitchRefusedError, NoLeaderError) as error:
+        # Pods still rolling to a build with the version, or a group electing: wait.
+        patch.status.update(phase=UPGRADING, message=str(error))
+        raise kopf.TemporaryError(str(error), delay=RETRY_DELAY_S) from error
     except RETRIED as error:
         patch.status.update(phase=SCALING, message=str(error))
         raise kopf.TemporaryError(str(error), delay=RETRY_DELAY_S) from error

@@ -10,7 +10,9 @@ next run's first step:
    (scale-out; a cluster still draining from a scale-in taken back is active again);
 4. pins: pin each asked-for whale where the spec says, unpin the others;
 5. clusters no longer asked for, the highest first: `remove` (scale-in), then their
-   workloads.
+   workloads;
+6. `spec.stateMachineVersion`: each replicated group switched to it once its every
+   replica implements it (`version_rollout.py`; a group still rolling is retried).
 
 Progress goes to `publish` as the resource's status while it runs (the wave's
 operation, phase, waves, moved users), and the final status is returned.
@@ -27,6 +29,7 @@ from typing import Any
 import structlog
 
 from k8s.operator.mesh_spec import MeshSpec
+from k8s.operator.version_rollout import VersionRollout
 from k8s.operator.workloads import ClusterWorkloads
 from services.routing.core.routing_changes import first_document, with_drain_cancelled
 from services.routing.core.routing_document import (
@@ -103,10 +106,17 @@ class _StatusFeed:
 
 
 class MeshReconciler:
-    def __init__(self, store: RoutingStore, probe: ShardProbe, workloads: ClusterWorkloads) -> None:
+    def __init__(
+        self,
+        store: RoutingStore,
+        probe: ShardProbe,
+        workloads: ClusterWorkloads,
+        versions: VersionRollout | None = None,
+    ) -> None:
         self.store = store
         self.probe = probe
         self.workloads = workloads
+        self.versions = versions
 
     async def reconcile(self, spec: MeshSpec, publish: Publish) -> Status:
         feed = _StatusFeed()
@@ -153,6 +163,10 @@ class MeshReconciler:
             await controller.remove(cluster_id)
             await self.workloads.remove(cluster_id)
         final = mesh_status(await self._document(), READY, progress)
+        if spec.state_machine_version is not None:
+            if self.versions is None:
+                raise RoutingDocumentError("this operator cannot switch state-machine versions")
+            final["stateMachineVersions"] = await self.versions.ensure(spec.state_machine_version)
         latest.set(final)
         return final
 

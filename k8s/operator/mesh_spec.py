@@ -14,6 +14,7 @@ from typing import Any
 MAX_SHARDS = 64
 MAX_WAVE_SIZE = 1_024
 MAX_QUIESCE_S = 600
+MAX_STATE_MACHINE_VERSION = 1_000_000
 _USER_ID = re.compile(r"[1-9][0-9]{0,18}")
 INT64_MAX = 2**63 - 1
 
@@ -33,6 +34,9 @@ class MeshSpec:
     pins: Mapping[int, str] = field(default_factory=dict)  # by user id
     wave_size: int = 64
     quiesce_s: float = 10.0
+    # The state-machine version every replicated group should decide under (None: leave
+    # them as they are): `version_rollout.py`.
+    state_machine_version: int | None = None
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> MeshSpec:
@@ -55,7 +59,11 @@ class MeshSpec:
             pins[int(key)] = cluster
         wave_size = _bounded(spec, "waveSize", 64, MAX_WAVE_SIZE)
         quiesce_s = _bounded(spec, "quiesceSeconds", 10, MAX_QUIESCE_S)
-        return cls(clusters, dict(sorted(pins.items())), wave_size, float(quiesce_s))
+        version = None
+        if "stateMachineVersion" in spec:
+            version = _bounded(spec, "stateMachineVersion", 1, MAX_STATE_MACHINE_VERSION)
+        pinned = dict(sorted(pins.items()))
+        return cls(clusters, pinned, wave_size, float(quiesce_s), version)
 
 
 def _bounded(spec: Mapping[str, Any], name: str, default: int, maximum: int) -> int:

@@ -31,10 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import uvloop
 
-from protos.oms.v1 import replica_pb2
 from services.bench.failover_bench import (
     CALLERS,
     DEFAULT_LEASE_TTL_S,
@@ -54,9 +52,15 @@ from services.bench.failover_bench import (
     replica_group,
 )
 from services.bench.runtime_bench import etcd_for_bench, load_average
-from services.clients.channels import mesh_channel
 from services.infra.settings import InfraSettings
 from services.markets.catalog import Market, MarketCatalogError
+from services.mesh.status_rows import ProcessTarget
+from services.mesh.version_switch import (
+    NoLeaderError,
+    SwitchRefusedError,
+    activate,
+    group_versions,
+)
 from services.observability.logs import configure_logging
 from services.settings import load_settings
 from services.transport.tls import ClientTransport, MeshTransport, use_transports
@@ -64,8 +68,6 @@ from services.transport.tls import ClientTransport, MeshTransport, use_transport
 START_TIMEOUT_S = 60.0
 CATCH_UP_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
-ACTIVATE_TIMEOUT_S = 15.0
-UPGRADES = "/oms.v1.ReplicaUpgrades/"
 
 
 class UpgradeBenchError(FailoverBenchError):
@@ -137,46 +139,26 @@ async def roll(
     return longest_gap(load, scan_from, stopped_at)
 
 
-async def _versions(address: str) -> replica_pb2.ReplicaVersions:
-    async with mesh_channel(address) as channel:
-        call = channel.unary_unary(
-            UPGRADES + "GetVersions",
-            request_serializer=replica_pb2.VersionsQuery.SerializeToString,
-            response_deserializer=replica_pb2.ReplicaVersions.FromString,
-        )
-        answer: replica_pb2.ReplicaVersions = await call(replica_pb2.VersionsQuery(), timeout=5)
-        return answer
-
-
 async def switch(group: ReplicaGroup, load: CommandLoad) -> str:
     """The newest version every replica implements, activated; the gap around it."""
-    leader, _ = await group.wait_leader(START_TIMEOUT_S)
-    answer = await _versions(leader.address)
-    common = set(answer.implemented_versions)
-    for member in answer.members:
-        common &= set(member.implemented_versions or (1,))
-    newer = sorted(version for version in common if version > answer.version)
+    targets = [
+        ProcessTarget(group.kind, group.name, index, replica.address)
+        for index, replica in enumerate(group.replicas)
+    ]
+    versions = await group_versions(group.label, targets)
+    newer = versions.can_activate
     if not newer:
-        return f"none: every replica implements {sorted(common)}, {answer.version} in force"
-    version = newer[-1]
+        implemented = sorted(versions.everyone_implements)
+        return f"none: every replica implements {implemented}, {versions.version} in force"
     scan_from = len(load.acks)
     started = time.monotonic()
     try:
-        async with mesh_channel(leader.address) as channel:
-            call = channel.unary_unary(
-                UPGRADES + "ActivateVersion",
-                request_serializer=replica_pb2.ActivateVersionRequest.SerializeToString,
-                response_deserializer=replica_pb2.ActivateVersionResponse.FromString,
-            )
-            await call(
-                replica_pb2.ActivateVersionRequest(version=version, expected_replicas=REPLICAS),
-                timeout=ACTIVATE_TIMEOUT_S,
-            )
-    except grpc.aio.AioRpcError as error:
-        why = error.details()
-        raise UpgradeBenchError(f"{group.label}: the switch was refused: {why}") from error
+        await activate(targets, newer[-1], REPLICAS)
+    except (SwitchRefusedError, NoLeaderError) as error:
+        raise UpgradeBenchError(f"{group.label}: the switch failed: {error}") from error
     await load.wait_acks(STEADY_ACKS, START_TIMEOUT_S)
-    return f"v{answer.version} -> v{version}: {longest_gap(load, scan_from, started):.2f} s"
+    gap = longest_gap(load, scan_from, started)
+    return f"v{versions.version} -> v{newer[-1]}: {gap:.2f} s"
 
 
 async def upgrade_group(

@@ -23,17 +23,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
-
-from protos.oms.v1 import replica_pb2
-from services.clients.channels import mesh_channel
 from services.mesh.mesh_locator import MeshNotFoundError, add_location_arguments, located_mesh
-from services.mesh.status_rows import ProcessTarget
-from services.mesh.status_targets import REPLICATED_KINDS
-
-TIMEOUT_S = 5.0
-ACTIVATE_TIMEOUT_S = 15.0
-SERVICE = "/oms.v1.ReplicaUpgrades/"
+from services.mesh.version_switch import (
+    GroupVersions,
+    NoLeaderError,
+    SwitchRefusedError,
+    activate,
+    group_versions,
+    groups_of,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -58,61 +56,31 @@ def register(subparsers: Any) -> None:
     activate.set_defaults(handler=run_activate)
 
 
-async def versions_of(address: str) -> replica_pb2.ReplicaVersions | str:
-    """A replica's answer, or why there is none."""
-    try:
-        async with mesh_channel(address) as channel:
-            call = channel.unary_unary(
-                SERVICE + "GetVersions",
-                request_serializer=replica_pb2.VersionsQuery.SerializeToString,
-                response_deserializer=replica_pb2.ReplicaVersions.FromString,
-            )
-            answer: replica_pb2.ReplicaVersions = await call(
-                replica_pb2.VersionsQuery(), timeout=TIMEOUT_S
-            )
-            return answer
-    except grpc.aio.AioRpcError as error:
-        return f"no answer: {error.code().name} {error.details() or ''}".strip()
-    except (OSError, ValueError) as error:
-        return f"no answer: {error}"
-
-
-def _groups(targets: Sequence[ProcessTarget]) -> dict[str, list[ProcessTarget]]:
-    groups: dict[str, list[ProcessTarget]] = {}
-    for target in targets:
-        if target.service in REPLICATED_KINDS:
-            groups.setdefault(f"{target.service}/{target.group}", []).append(target)
-    return groups
+def _report(group: GroupVersions) -> dict[str, Any]:
+    replicas: list[dict[str, Any]] = []
+    for replica in group.replicas:
+        if replica.failure:
+            replicas.append({"address": replica.address, "failure": replica.failure})
+            continue
+        replicas.append(
+            {
+                "address": replica.address,
+                "role": "leader" if replica.leading else "follower",
+                "version": replica.version,
+                "implemented_versions": list(replica.implemented),
+                "applied_position": replica.applied_position,
+            }
+        )
+    return {
+        "group": group.name,
+        "version": group.version,
+        "can_activate": group.can_activate,
+        "replicas": replicas,
+    }
 
 
 def _versions(values: Sequence[int]) -> str:
     return ",".join(str(value) for value in sorted(values)) or "1"
-
-
-async def _group_report(name: str, targets: list[ProcessTarget]) -> dict[str, Any]:
-    answers = await asyncio.gather(*(versions_of(target.address) for target in targets))
-    replicas: list[dict[str, Any]] = []
-    common: set[int] | None = None
-    in_force = 0
-    for target, answer in zip(targets, answers, strict=True):
-        if isinstance(answer, str):
-            replicas.append({"address": target.address, "failure": answer})
-            common = set()  # a replica that does not answer cannot say what it runs
-            continue
-        implemented = sorted(answer.implemented_versions)
-        common = set(implemented) if common is None else common & set(implemented)
-        in_force = max(in_force, answer.version)
-        replicas.append(
-            {
-                "address": target.address,
-                "role": "leader" if answer.leading else "follower",
-                "version": answer.version,
-                "implemented_versions": implemented,
-                "applied_position": answer.applied_position,
-            }
-        )
-    ready = sorted(v for v in (common or set()) if v > in_force)
-    return {"group": name, "version": in_force, "can_activate": ready, "replicas": replicas}
 
 
 def _print_group(report: dict[str, Any]) -> None:
@@ -137,11 +105,13 @@ def run_status(arguments: argparse.Namespace) -> int:
 async def _status(arguments: argparse.Namespace) -> int:
     try:
         async with located_mesh(arguments, "oms upgrade status") as mesh:
-            groups = _groups(await mesh.find())
+            groups = groups_of(await mesh.find())
     except MeshNotFoundError as error:
         print(error, file=sys.stderr)
         return 2
-    reports = [await _group_report(name, targets) for name, targets in sorted(groups.items())]
+    reports = [
+        _report(await group_versions(name, targets)) for name, targets in sorted(groups.items())
+    ]
     if arguments.json:
         print(json.dumps(reports))
     else:
@@ -160,7 +130,7 @@ async def _activate(arguments: argparse.Namespace) -> int:
     command = "oms upgrade activate"
     try:
         async with located_mesh(arguments, command) as mesh:
-            groups = _groups(await mesh.find())
+            groups = groups_of(await mesh.find())
     except MeshNotFoundError as error:
         print(error, file=sys.stderr)
         return 2
@@ -172,44 +142,16 @@ async def _activate(arguments: argparse.Namespace) -> int:
     name = chosen[0]
     targets = groups[name]
     expected = len(targets) if arguments.replicas is None else arguments.replicas
-    request = replica_pb2.ActivateVersionRequest(
-        version=arguments.version, expected_replicas=expected
-    )
-    why = "no replica answered"
-    for target in targets:  # the leader answers; a follower names it
-        answer = await _ask_activation(target.address, request)
-        if isinstance(answer, replica_pb2.ActivateVersionResponse):
-            if answer.already_in_force:
-                print(f"{name}: version {answer.version} is already in force")
-            else:
-                print(f"{name}: version {answer.version} in force from position {answer.position}")
-            return 0
-        refused, why = answer
-        if refused:
-            print(f"{command}: {name}: refused: {why}")
-            return 1
-    print(f"{command}: {name}: {why}")
-    return 1
-
-
-async def _ask_activation(
-    address: str, request: replica_pb2.ActivateVersionRequest
-) -> replica_pb2.ActivateVersionResponse | tuple[bool, str]:
-    """The leader's answer, or (refused by the leader, why)."""
     try:
-        async with mesh_channel(address) as channel:
-            call = channel.unary_unary(
-                SERVICE + "ActivateVersion",
-                request_serializer=replica_pb2.ActivateVersionRequest.SerializeToString,
-                response_deserializer=replica_pb2.ActivateVersionResponse.FromString,
-            )
-            answer: replica_pb2.ActivateVersionResponse = await call(
-                request, timeout=ACTIVATE_TIMEOUT_S
-            )
-            return answer
-    except grpc.aio.AioRpcError as error:
-        details = error.details() or error.code().name
-        not_leader = details.startswith("not the group's leader")
-        return (error.code() == grpc.StatusCode.FAILED_PRECONDITION and not not_leader, details)
-    except (OSError, ValueError) as error:
-        return (False, str(error))
+        answer = await activate(targets, arguments.version, expected)
+    except SwitchRefusedError as error:
+        print(f"{command}: {name}: refused: {error}")
+        return 1
+    except NoLeaderError as error:
+        print(f"{command}: {name}: {error}")
+        return 1
+    if answer.already_in_force:
+        print(f"{name}: version {answer.version} is already in force")
+    else:
+        print(f"{name}: version {answer.version} in force from position {answer.position}")
+    return 0

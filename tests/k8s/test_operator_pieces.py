@@ -78,6 +78,8 @@ def test_a_spec_is_read_with_its_defaults() -> None:
     assert spec.clusters == ("s1", "s2", "s3")
     assert list(spec.pins.items()) == [(7, "s1"), (42, "s3")]
     assert (spec.wave_size, spec.quiesce_s) == (64, 10.0)
+    assert spec.state_machine_version is None  # the groups' versions left as they are
+    assert MeshSpec.of({"shards": 1, "stateMachineVersion": 2}).state_machine_version == 2
 
 
 @pytest.mark.parametrize(
@@ -92,6 +94,8 @@ def test_a_spec_is_read_with_its_defaults() -> None:
         ({"shards": 2, "pins": ["5"]}, "spec.pins"),
         ({"shards": 2, "waveSize": 0}, "spec.waveSize"),
         ({"shards": 2, "quiesceSeconds": 10_000}, "spec.quiesceSeconds"),
+        ({"shards": 2, "stateMachineVersion": 0}, "spec.stateMachineVersion"),
+        ({"shards": 2, "stateMachineVersion": "2"}, "spec.stateMachineVersion"),
     ],
 )
 def test_a_spec_that_cannot_be_done_is_refused_naming_its_field(
