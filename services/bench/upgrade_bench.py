@@ -11,6 +11,8 @@ longest the load went without an acknowledgement from its stop until it had caug
 (and a few more commands were answered). Last, when every replica's build implements
 a state-machine version newer than the group's, the leader logs the switch
 (`oms.v1.ReplicaUpgrades/ActivateVersion`) and the figure is the longest gap around it.
+The load then stops, and the run fails unless every replica reaches one position with
+one state hash.
 
 The next build of a real upgrade is a new image; `--next-build
 tests.upgrade.next_release` runs this code plus a version 2 (from a checkout, where
@@ -31,8 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import uvloop
 
+from protos.oms.v1 import status_pb2, status_pb2_grpc
 from services.bench.failover_bench import (
     CALLERS,
     DEFAULT_LEASE_TTL_S,
@@ -52,6 +56,7 @@ from services.bench.failover_bench import (
     replica_group,
 )
 from services.bench.runtime_bench import etcd_for_bench, load_average
+from services.clients.channels import mesh_channel
 from services.infra.settings import InfraSettings
 from services.markets.catalog import Market, MarketCatalogError
 from services.mesh.status_rows import ProcessTarget
@@ -180,7 +185,38 @@ async def upgrade_group(
         gap = await roll(group, replica, load, next_build)
         _progress(f"{group.label}: {replica.name} ({role}) rolled: longest gap {gap:.2f} s")
         rolls.append((role, gap))
-    return rolls, await switch(group, load)
+    switched = await switch(group, load)
+    await load.stop()
+    await agreed(group)
+    return rolls, switched
+
+
+async def agreed(group: ReplicaGroup) -> None:
+    """Once the load has stopped: every replica at one position with one state hash (a
+    follower that diverged would have stopped on the leader's logged hashes already)."""
+    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+    while True:
+        reports = await asyncio.gather(*(_status(replica.address) for replica in group.replicas))
+        positions = {report.counters["applied_position"] for report in reports if report}
+        if all(reports) and len(positions) == 1:
+            hashes = {report.info["state_hash"] for report in reports if report}
+            if len(hashes) != 1:
+                raise UpgradeBenchError(f"{group.label}: replicas at one position differ: {hashes}")
+            return
+        if time.monotonic() > deadline:
+            raise UpgradeBenchError(f"{group.label}: replicas never met at one position")
+        await asyncio.sleep(0.05)
+
+
+async def _status(address: str) -> status_pb2.StatusReport | None:
+    try:
+        async with mesh_channel(address) as channel:
+            report: status_pb2.StatusReport = await status_pb2_grpc.StatusStub(channel).GetStatus(
+                status_pb2.StatusRequest(), timeout=2
+            )
+            return report
+    except grpc.aio.AioRpcError:
+        return None
 
 
 async def run_groups(
