@@ -76,6 +76,9 @@ class ServiceProcess:
         # The module that runs `oms`: another build of it for an upgrade test
         # (`tests/upgrade/next_release.py`: this code plus a newer state-machine version).
         self.entry_module = "services.command_line"
+        # The tree it runs from: another release's checkout for a mixed-release test
+        # (`tests/upgrade/test_mixed_releases.py`), else this one.
+        self.source_root = ROOT
         # How the test reaches it: plaintext, as the suite runs (`OMS_TLS=off`), unless a
         # test gives the process TLS settings and this the identity to match.
         self.transport = MeshTransport.plaintext()
@@ -102,7 +105,7 @@ class ServiceProcess:
         """Spawn a new incarnation (the previous one must be gone)."""
         if self.running():
             raise ServiceProcessError(f"{self.subcommand} pid {self.pid} still runs")
-        environment = {**os.environ, **self.environment, "PYTHONPATH": str(ROOT)}
+        environment = {**os.environ, **self.environment, "PYTHONPATH": str(self.source_root)}
         command = [
             *self.command_prefix,
             sys.executable,
@@ -123,7 +126,7 @@ class ServiceProcess:
             # child), as a container's end does: no test leaves one running behind it.
             self.process = subprocess.Popen(
                 command,
-                cwd=ROOT,
+                cwd=self.source_root,
                 env=environment,
                 stdout=log,
                 stderr=subprocess.STDOUT,
