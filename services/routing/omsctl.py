@@ -17,6 +17,11 @@ progress; each first settles whatever a previous, interrupted run left in transi
     omsctl tier USER_ID whale --cluster CLUSTER | normal    the same, as a tier change
     omsctl resume                    settle transits and finish a cut-over under way
 
+And the state-machine versions of the shard and matcher groups (`oms upgrade`):
+
+    omsctl upgrade status            each group's version, each replica's build
+    omsctl upgrade activate GROUP N  the group's leader logs the switch to version N
+
 etcd and the mesh come from OMS_ETCD_ENDPOINTS and OMS_MESH_ID (or --etcd, --mesh),
 else from the local mesh's state folder (`--state-dir`, OMS_STATE_DIR or `state/`,
 whose TLS identity it then uses too); the shards from OMS_SHARDS (`s1=host:port,...`,
@@ -42,6 +47,7 @@ from pathlib import Path
 from services.coordination.errors import CoordinationUnavailable
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import DEFAULT_MESH_ID
+from services.mesh import upgrade_command
 from services.mesh.local_mesh import LocalMesh, state_dir_of
 from services.routing.core.routing_changes import (
     first_document,
@@ -264,6 +270,16 @@ def parser() -> argparse.ArgumentParser:
     waves[4].add_argument("user_id", type=int)
     waves[4].add_argument("tier", choices=("whale", "normal"))
     waves[4].add_argument("--cluster", default=None)
+    upgrade = actions.add_parser(
+        "upgrade", help="state-machine versions of the replicated groups (as `oms upgrade`)"
+    )
+    upgrade_verbs = upgrade.add_subparsers(dest="upgrade_verb", required=True)
+    upgrade_status = upgrade_verbs.add_parser("status", help="each group's version and builds")
+    upgrade_status.add_argument("--json", action="store_true")
+    upgrade_activate = upgrade_verbs.add_parser("activate", help="switch GROUP to VERSION")
+    upgrade_activate.add_argument("group", help="shard/<cluster> or matcher/<group>")
+    upgrade_activate.add_argument("version", type=int)
+    upgrade_activate.add_argument("--replicas", type=int, default=None)
     for wave in waves:
         wave.add_argument("--wave-size", type=int, default=64, help="users in transit at once")
         wave.add_argument(
@@ -275,8 +291,27 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def upgrade(arguments: argparse.Namespace) -> int:
+    """`omsctl upgrade ...` is `oms upgrade ...` (`services/mesh/upgrade_command.py`), the
+    mesh found in etcd when one is named (here or by OMS_ETCD_ENDPOINTS), else locally."""
+    etcd = arguments.etcd
+    if etcd is None and os.environ.get("OMS_ETCD_ENDPOINTS"):
+        etcd = ""
+    shared = argparse.Namespace(
+        state_dir=arguments.state_dir, etcd=etcd, mesh_id=arguments.mesh, gateway=[]
+    )
+    if arguments.upgrade_verb == "status":
+        shared.json = arguments.json
+        return upgrade_command.run_status(shared)
+    shared.group, shared.version = arguments.group, arguments.version
+    shared.replicas = arguments.replicas
+    return upgrade_command.run_activate(shared)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
+    if arguments.action == "upgrade":
+        return upgrade(arguments)
     etcd_endpoints = tuple(arguments.etcd.split(",")) if arguments.etcd else None
     mesh_id = arguments.mesh
     shards = arguments.shards

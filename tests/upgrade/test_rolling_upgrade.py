@@ -22,6 +22,7 @@ from protos.oms.v1 import shard_pb2
 from services.clients.shard_link import ShardLink
 from services.command_line import EXIT_UNSUPPORTED_VERSION, main
 from services.coordination.addresses import LeaderAddress
+from services.routing import omsctl
 from tests.replication.replica_set import LEASE_TTL_S, ReplicaProcess, ReplicaSet, status_of
 from tests.shard_service.deposit_load import DepositLoad, start_deposit_load, stop_deposit_load
 from tests.shard_service.shard_client import USDT, ShardClient, balance, deposit
@@ -38,6 +39,12 @@ EXIT_WAIT_S = 60.0
 
 def _oms(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, str]:
     code = main(list(arguments))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _omsctl(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, str]:
+    code = omsctl.main(list(arguments))
     captured = capsys.readouterr()
     return code, captured.out + captured.err
 
@@ -82,7 +89,8 @@ async def test_a_shard_rolled_replica_by_replica_switches_version_at_one_positio
         assert code == 1 and "refused" in out and "implements versions 1" in out, out
         for replica in order[1:]:
             unavailable.append(await _roll(replica, load))
-        code, out = await asyncio.to_thread(_oms, capsys, "upgrade", "status", *where)
+        omsctl = ("--etcd", ",".join(replicas.etcd_endpoints), "--mesh", replicas.mesh_id)
+        code, out = await asyncio.to_thread(_omsctl, capsys, *omsctl, "upgrade", "status")
         assert code == 0 and f"{group}: version 1 in force; can activate 2" in out, out
         # A replica that is down cannot say what it runs: refused when one is missing.
         code, out = await asyncio.to_thread(
