@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -835,16 +835,23 @@ def measure(arguments: argparse.Namespace) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
+    return run_measured("failover", measure, arguments)
+
+
+def run_measured(
+    name: str, measured: Callable[[argparse.Namespace], None], arguments: argparse.Namespace
+) -> int:
+    """`oms bench <name>` over replica groups: its exit status and its one-line errors."""
     # Warnings only, and on stderr: the clients' info lines would break up the table.
-    configure_logging("bench-failover", level="WARNING", json_lines=False)
+    configure_logging(f"bench-{name}", level="WARNING", json_lines=False)
     use_transports(MeshTransport.plaintext(), ClientTransport(tls=False))
     try:
-        measure(arguments)
+        measured(arguments)
     except (FailoverBenchError, MarketCatalogError) as error:
-        print(f"oms bench failover: {error}", file=sys.stderr)
+        print(f"oms bench {name}: {error}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError):
         # Ctrl-C or SIGTERM: the run was cancelled, and cleaned up on the way out.
-        print("oms bench failover: interrupted; every replica stopped", file=sys.stderr)
+        print(f"oms bench {name}: interrupted; every replica stopped", file=sys.stderr)
         return 130
     return 0

@@ -54,11 +54,12 @@ from services.bench.failover_bench import (
     plan_groups,
     refuse_used_groups,
     replica_group,
+    run_measured,
 )
 from services.bench.runtime_bench import etcd_for_bench, load_average
 from services.clients.channels import mesh_channel
 from services.infra.settings import InfraSettings
-from services.markets.catalog import Market, MarketCatalogError
+from services.markets.catalog import Market
 from services.mesh.status_rows import ProcessTarget
 from services.mesh.version_switch import (
     NoLeaderError,
@@ -66,9 +67,7 @@ from services.mesh.version_switch import (
     activate,
     group_versions,
 )
-from services.observability.logs import configure_logging
 from services.settings import load_settings
-from services.transport.tls import ClientTransport, MeshTransport, use_transports
 
 START_TIMEOUT_S = 60.0
 CATCH_UP_TIMEOUT_S = 60.0
@@ -320,14 +319,4 @@ def measure(arguments: argparse.Namespace) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    configure_logging("bench-upgrade", level="WARNING", json_lines=False)
-    use_transports(MeshTransport.plaintext(), ClientTransport(tls=False))
-    try:
-        measure(arguments)
-    except (FailoverBenchError, MarketCatalogError) as error:
-        print(f"oms bench upgrade: {error}", file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("oms bench upgrade: interrupted; every replica stopped", file=sys.stderr)
-        return 130
-    return 0
+    return run_measured("upgrade", measure, arguments)
