@@ -336,6 +336,17 @@ async def test_the_operator_scales_pins_and_refuses_through_the_api(
         assert not _objects_of(emulator, "s3")
         assert {name: _objects_of(emulator, name) for name in ("s1", "s2")} == untouched
 
+        # A state-machine version asked for: every replicated group already at it, so
+        # nothing is logged; the status lists each group's version.
+        await _patch_spec(session, url, {"stateMachineVersion": 1})
+        status = await _status_until(
+            session,
+            url,
+            lambda s: s.get("phase") == "Ready" and "stateMachineVersions" in s,
+            operator,
+        )
+        assert set(status["stateMachineVersions"].values()) <= {1}, status
+
         # Refused: a pin to a cluster the mesh does not have. The status says why; the
         # routing and the objects stay as they were.
         epoch = (await _routing(shards)).epoch
