@@ -7,8 +7,9 @@ keeps version 1's decisions until the group's log activates 2:
 - the shard, version 2: a single deposit above `DEPOSIT_CAP` is refused
   INVALID_AMOUNT (a new rule; a retry of a deposit already accepted is still answered
   as before, whatever its size);
-- the matcher, version 2: the same decisions (only the version in its state and hash
-  differ), enough to show a matcher group rolled and switched without divergence.
+- the matcher, version 2: a limit order over `MAX_ORDER_LOTS` is rejected
+  INVALID_ORDER (a new maximum order size; a resubmission of an order it knows is
+  still answered as before).
 
 Nothing here is imported by the services: a build that has not loaded this module
 implements version 1 only, as the release before would.
@@ -18,7 +19,13 @@ from __future__ import annotations
 
 import sys
 
+from services.matcher.core import engine
 from services.matcher.core import versions as matcher_versions
+from services.matcher.core.commands import CommandResult, SubmitCommand
+from services.matcher.core.engine_state import EngineState
+from services.matcher.core.event_log import EventRecord
+from services.matcher.core.orders import LIMIT
+from services.matcher.core.validation import INVALID_ORDER
 from services.shard.core import versions as shard_versions
 from services.shard.core.actor import UserActor
 from services.shard.core.balances import _DEPOSIT, Funding
@@ -28,8 +35,10 @@ from services.shard.core.saga import refused
 from services.shard.core.vocabulary import RejectReason
 
 DEPOSIT_CAP = 1_000_000
+MAX_ORDER_LOTS = 100_000
 NEXT_VERSIONS = frozenset({1, 2})
 _deposit_at_version_1 = Funding.deposit
+_submit_at_version_1 = engine.submit  # type: ignore[attr-defined]
 
 
 def _deposit(
@@ -43,10 +52,28 @@ def _deposit(
     _deposit_at_version_1(self, actor, command, now_ms, out)
 
 
+def _submit(
+    state: EngineState, command: SubmitCommand, now: int, events: list[EventRecord]
+) -> CommandResult:
+    spec = command.spec
+    if (
+        state.machine_version >= 2
+        and spec.order_type == LIMIT
+        and spec.quantity_lots > MAX_ORDER_LOTS
+        and spec.user_seq
+        and spec.order_id not in state.dedup.orders
+        and spec.symbol in state.books
+    ):
+        return state.reject(command.correlation_id, spec, INVALID_ORDER, now, events)
+    return _submit_at_version_1(state, command, now, events)
+
+
 def install() -> None:
     shard_versions.IMPLEMENTED_VERSIONS = NEXT_VERSIONS
     matcher_versions.IMPLEMENTED_VERSIONS = NEXT_VERSIONS
     Funding.deposit = _deposit  # type: ignore[method-assign]
+    # The engine calls `submit` by its own module's name for it.
+    engine.submit = _submit  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

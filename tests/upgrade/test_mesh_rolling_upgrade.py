@@ -11,8 +11,9 @@ meanwhile (`tests/e2e/stream_load.py`). Checked from outside afterwards: every
 request answered in time, every accepted order found and final exactly once, the
 histories agree with the balances (`audit_accounts`), the mesh's invariants
 (`check_mesh_invariants`), and each group's replicas at version 2 with one state hash
-at a common checkpoint. The version's new rule (a deposit over the cap refused) holds
-from the switch on.
+at a common checkpoint. The version's new rules hold from the switch on, not before:
+the shard refuses a deposit over the cap, the matcher rejects an order over the
+maximum size.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway.client import AdminClient
-from protos.oms.v1 import shard_pb2
+from gateway.client import AdminClient, OmsClient
+from protos.oms.v1 import common_pb2, shard_pb2
 from services.command_line import main
 from tests.e2e.invariants import MeshAddresses, check_mesh_invariants
 from tests.e2e.stream_load import ANSWER_MARGIN_S, FUNDS, StreamLoad
 from tests.e2e.test_client_contract import audit_accounts
-from tests.gateway.accounts import open_account
+from tests.gateway.accounts import BTC, PRICE, eventually, open_account
 from tests.replication.replica_set import status_of
 from tests.replication.replicated_mesh import (
     ROOT,
@@ -42,9 +43,10 @@ from tests.replication.replicated_mesh import (
     wait_new_term,
     wait_same_checkpoint,
 )
-from tests.upgrade.next_release import DEPOSIT_CAP
+from tests.upgrade.next_release import DEPOSIT_CAP, MAX_ORDER_LOTS
 
 pytestmark = pytest.mark.slow
+OPEN, REJECTED = common_pb2.ORDER_STATUS_OPEN, common_pb2.ORDER_STATUS_REJECTED
 USERS = 12
 DEADLINE_S = 5.0
 BATCH = 4  # per user every 0.1 s: about 480 orders/s
@@ -110,6 +112,26 @@ async def _roll(replicas: list[str], load: StreamLoad) -> float:
     return first - killed_at
 
 
+async def _large_order_status(client: OmsClient, client_order_id: str) -> int:
+    """A resting sell over the next release's maximum size: open at version 1 (then
+    cancelled), rejected by the matcher at version 2."""
+    ack = await client.place(
+        client_order_id,
+        BTC,
+        common_pb2.SIDE_SELL,
+        price_ticks=PRICE + 1_000,  # above the load's one price: it rests
+        quantity_lots=MAX_ORDER_LOTS + 1,
+    )
+    assert ack.accepted, ack
+    view = await eventually(
+        lambda: client.get_order(order_id=ack.order_id),
+        lambda found: found.status in (OPEN, REJECTED),
+    )
+    if view.status == OPEN:
+        assert (await client.cancel(order_id=ack.order_id)).accepted
+    return int(view.status)
+
+
 def _activate(state_dir: Path, group: str) -> str:
     code = main(["upgrade", "activate", group, "2", "--state-dir", str(state_dir)])
     assert code == 0, f"upgrade activate {group}: exit {code}"
@@ -129,7 +151,9 @@ async def test_a_replicated_mesh_rolled_and_switched_under_trading_loses_nothing
         accounts = [
             await open_account(admin, FUNDS, tier=shard_pb2.USER_TIER_WHALE) for _ in range(USERS)
         ]
-        depositor = (await open_account(admin, {})).user_id  # outside the load's audit
+        # Outside the load's audit: the deposits and the large orders of the new rules.
+        other = await open_account(admin, {"BTC": 10**12})
+        depositor = other.user_id
         load = StreamLoad.of(record.gateway, accounts, deadline_s=DEADLINE_S, batch=BATCH)
         failovers: dict[str, float] = {}
         load.start()
@@ -138,12 +162,16 @@ async def test_a_replicated_mesh_rolled_and_switched_under_trading_loses_nothing
             deployed.touch()  # the next release is on disk: restarts load it
             for name, replicas in groups.items():
                 failovers[name] = await _roll(replicas, load)
+            # Version 1 still in force, on the new code: the old decisions.
             big = await admin.deposit(depositor, "USDT", 2 * DEPOSIT_CAP, "big-before")
-            assert big.accepted, big  # version 1 still in force, on the new code
-            for name in groups:
-                await asyncio.to_thread(_activate, running.state_dir, name)
-            refused = await admin.deposit(accounts[0].user_id, "USDT", 2 * DEPOSIT_CAP, "big-after")
-            assert refused.reject_reason == shard_pb2.SHARD_REJECT_REASON_INVALID_AMOUNT, refused
+            assert big.accepted, big
+            async with other.client(record.gateway) as client:
+                assert await _large_order_status(client, "large-before") == OPEN
+                for name in groups:
+                    await asyncio.to_thread(_activate, running.state_dir, name)
+                refused = await admin.deposit(depositor, "USDT", 2 * DEPOSIT_CAP, "big-after")
+                assert refused.reject_reason == shard_pb2.SHARD_REJECT_REASON_INVALID_AMOUNT
+                assert await _large_order_status(client, "large-after") == REJECTED
             await load.wait_accepted(load.accepted + BETWEEN_ROLLS)
             await load.drain()
         finally:
