@@ -29,6 +29,7 @@ from services.transport.tls import MeshTransport
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 10.0
+STACKS_WAIT_S = 1.0  # for a process that does not stop to write where it waits (SIGUSR1)
 POLL_INTERVAL_S = 0.05
 # A restarted server on the same port is found again within ~0.1 s instead of gRPC's
 # default reconnect backoff (1 s, growing); and a new channel gets its own connection
@@ -193,9 +194,14 @@ class ServiceProcess:
         deadline = time.monotonic() + timeout_s
         while process.poll() is None:
             if time.monotonic() >= deadline:
+                # Where it hangs, in its log, before it is killed (stop_signals.py).
+                process.send_signal(signal.SIGUSR1)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(STACKS_WAIT_S)
                 self.stop()
+                tail = self.log_tail(200)
                 raise ServiceProcessError(
-                    f"{self.subcommand} still ran {timeout_s:g} s after SIGTERM\n{self.log_tail()}"
+                    f"{self.subcommand} still ran {timeout_s:g} s after SIGTERM\n{tail}"
                 )
             time.sleep(POLL_INTERVAL_S)
         return process.returncode
