@@ -52,7 +52,7 @@ from protos.oms.v1 import (
     status_pb2,
     status_pb2_grpc,
 )
-from services.bench.runtime_bench import EtcdPlace, etcd_for_bench, load_average
+from services.bench.runtime_bench import EtcdPlace, etcd_for_bench, load_average, machine_line
 from services.clients.channels import mesh_channel
 from services.clients.shard_link import ShardLink, ShardUnavailableError
 from services.coordination.addresses import LeaderAddress
@@ -823,11 +823,7 @@ def measure(arguments: argparse.Namespace) -> None:
             f"goal: at most {GOAL_S:g} s with a {DEFAULT_LEASE_TTL_S} s lease "
             "(the lease's expiry, an election, the clients' reconnect)"
         )
-        print(
-            f"machine: {os.cpu_count()} cores, load average (1 / 5 / 15 min) {load_before} "
-            f"before the run, {load_average()} after",
-            flush=True,
-        )
+        print(machine_line(load_before), flush=True)
     finally:
         for group in groups:
             group.stop()

@@ -460,6 +460,14 @@ def load_average() -> str:
     return " / ".join(f"{load:.2f}" for load in os.getloadavg())
 
 
+def machine_line(load_before: str) -> str:
+    """The last line of a benchmark's output: the machine and its load around the run."""
+    return (
+        f"machine: {os.cpu_count()} cores, load average (1 / 5 / 15 min) {load_before} "
+        f"before the run, {load_average()} after"
+    )
+
+
 @dataclass(frozen=True)
 class EtcdPlace:
     endpoints: tuple[str, ...]
@@ -631,10 +639,7 @@ async def _main(arguments: argparse.Namespace, root: Path, etcd: EtcdPlace | Non
         f"times, longest {stalls.longest_ms:.2f} ms, {stalls.stalled_fraction:.2%} of the "
         "time not running"
     )
-    print(
-        f"machine: {os.cpu_count()} cores, load average (1 / 5 / 15 min) {load_before} "
-        f"before the run, {load_average()} after"
-    )
+    print(machine_line(load_before))
     if arguments.log == "etcd" or arguments.snapshot_entries <= 0:
         return
     pause = await snapshot_pause(

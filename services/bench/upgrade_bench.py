@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -56,7 +56,7 @@ from services.bench.failover_bench import (
     replica_group,
     run_measured,
 )
-from services.bench.runtime_bench import etcd_for_bench, load_average
+from services.bench.runtime_bench import etcd_for_bench, load_average, machine_line
 from services.clients.channels import mesh_channel
 from services.infra.settings import InfraSettings
 from services.markets.catalog import Market
@@ -134,7 +134,14 @@ async def roll(
     deadline = stopped_at + STOP_TIMEOUT_S
     while replica.running():
         if time.monotonic() > deadline:
-            raise UpgradeBenchError(f"{replica.name} still ran {STOP_TIMEOUT_S:g} s after SIGTERM")
+            # Where it waits, in its log (services/serving/stop_signals.py), then the error.
+            if replica.process is not None:
+                replica.process.send_signal(signal.SIGUSR1)
+            await asyncio.sleep(1.0)
+            raise UpgradeBenchError(
+                f"{replica.name} still ran {STOP_TIMEOUT_S:g} s after SIGTERM:\n"
+                f"{replica.log_tail(200)}"
+            )
         await asyncio.sleep(0.02)
     replica.entry_module = next_build
     replica.start()
@@ -307,11 +314,7 @@ def measure(arguments: argparse.Namespace) -> None:
         )
         for line in table(results):
             print(line)
-        print(
-            f"machine: {os.cpu_count()} cores, load average (1 / 5 / 15 min) {load_before} "
-            f"before the run, {load_average()} after",
-            flush=True,
-        )
+        print(machine_line(load_before), flush=True)
     finally:
         for group in groups:
             group.stop()
