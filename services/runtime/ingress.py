@@ -77,7 +77,9 @@ class CommandIngress(Generic[EgressT]):
                 future = sequencer.submit_many((payload,))
                 break
             except IngressFullError as error:
-                if sequencer.running is False:
+                if sequencer.closed:
+                    # Stopping or ended: waiting for room would wait for ever (and
+                    # `wait_capacity` returns at once then: a loop that never yields).
                     return _failed(error)
                 if not started:
                     started = time.perf_counter_ns()

@@ -122,6 +122,7 @@ class Sequencer(Generic[EgressT]):
         self._capacity = asyncio.Event()
         self._capacity.set()
         self._stopping = False
+        self._ended = False
         self._turn_requested = False
         self.running = False
         # Applying overlaps the write, so the replica can be one record ahead of this.
@@ -188,8 +189,15 @@ class Sequencer(Generic[EgressT]):
         """Commands queued and not yet taken into a record."""
         return self._pending_entries
 
+    @property
+    def closed(self) -> bool:
+        """Stopping or ended: no room will come again (a sequencer not yet started
+        is not closed: its queue drains once it runs)."""
+        return self._stopping or self._ended
+
     async def wait_capacity(self) -> None:
-        """Return once the ingress has room again (the backpressure signal)."""
+        """Return once the ingress has room again (the backpressure signal), or once
+        the sequencer closes (callers then find `closed` and give up)."""
         await self._capacity.wait()
 
     def request_turn(self) -> None:
@@ -201,6 +209,7 @@ class Sequencer(Generic[EgressT]):
         """Finish what is queued, then leave `run`."""
         self._stopping = True
         self._wake.set()
+        self._capacity.set()  # waiters for room see `closed` and give up
 
     def take_window_max_dwell_ms(self) -> float:
         """Longest queue dwell since the previous call (for saturation alerts)."""
@@ -237,6 +246,8 @@ class Sequencer(Generic[EgressT]):
             raise
         finally:
             self.running = False
+            self._ended = True
+            self._capacity.set()  # waiters for room see `closed` and give up
 
     async def _run_batches(self) -> None:
         loop = asyncio.get_running_loop()
