@@ -83,7 +83,8 @@ class MarkFeed:
         while True:
             try:
                 async with group_channel(source) as channel:
-                    await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+                    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                        await channel.channel_ready()
                     call = matcher_pb2_grpc.MatcherStub(channel).StreamLastPrices(
                         matcher_pb2.LastPriceRequest(min_interval_ms=self.interval_ms)
                     )
@@ -104,7 +105,8 @@ class MarkFeed:
         while True:
             try:
                 async with group_channel(self.shard) as channel:
-                    await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+                    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                        await channel.channel_ready()
                     stub = shard_pb2_grpc.UserShardStub(channel)
                     # Ends only with an error: the request stream never ends by itself.
                     await stub.PublishMarks(

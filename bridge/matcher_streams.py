@@ -103,7 +103,8 @@ class MatcherLane:
             while True:
                 try:
                     async with group_channel(self.source) as channel:
-                        await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+                        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                            await channel.channel_ready()
                         if from_sequence is None:
                             # Open before the snapshot: a fresh item is then either queued or
                             # still in flight in the snapshot, never shed and missing from both.

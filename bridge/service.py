@@ -120,7 +120,8 @@ class BridgeService:
         link = ShardLink(self.shard, metadata=self.credential.metadata)
         try:
             async with group_channel(self.shard) as channel:
-                await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    await channel.channel_ready()
                 shard = shard_pb2_grpc.UserShardStub(channel)
                 snapshot = await shard.GetInFlight(
                     shard_pb2.InFlightRequest(), timeout=IN_FLIGHT_TIMEOUT_S

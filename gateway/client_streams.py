@@ -141,7 +141,8 @@ class TradeStream:
         self._outgoing.put_nowait(None)
         if self._reader is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._ended.wait()), DEFAULT_TIMEOUT_S)
+                async with asyncio.timeout(DEFAULT_TIMEOUT_S):
+                    await self._ended.wait()
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader

@@ -47,7 +47,8 @@ async def shard_lock(
         while not await session.fetchval("SELECT pg_try_advisory_lock($1)", key):
             log.warning("persister.shard_lock_busy", shard_id=shard_id, retry_in_s=RETRY_S)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), RETRY_S)
+                async with asyncio.timeout(RETRY_S):
+                    await stopping.wait()
             if stopping.is_set():
                 raise StopRequestedError(f"stopped while waiting for the lock of {shard_id}")
         log.info("persister.shard_lock_held", shard_id=shard_id)

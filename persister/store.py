@@ -259,5 +259,6 @@ class Store:
 
     async def close(self) -> None:
         with contextlib.suppress(*_TRANSLATED):
-            await asyncio.wait_for(self._pool.close(), 5.0)
+            async with asyncio.timeout(5.0):
+                await self._pool.close()
         self._pool.terminate()

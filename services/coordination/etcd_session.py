@@ -449,7 +449,8 @@ class EtcdSession:
             create = rpc.WatchCreateRequest(key=start, range_end=end, start_revision=from_revision)
             with self._translated(channel):
                 await call.write(rpc.WatchRequest(create_request=create))
-                created = await asyncio.wait_for(call.read(), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    created = await call.read()
             response = self._watched(created)
             if not response.created:
                 raise CoordinationUnavailable("etcd answered a watch request without creating it")

@@ -95,7 +95,8 @@ class Supervisor:
                     f"{child.name} failed {len(failures)} times in {self.restart_window_s:.0f} s"
                 )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.backoff_s * len(failures))
+                async with asyncio.timeout(self.backoff_s * len(failures)):
+                    await self._stopping.wait()
 
     async def _relay(self, name: str, process: asyncio.subprocess.Process) -> None:
         if process.stdout is None:

@@ -118,9 +118,8 @@ class ForkedSnapshotWriter:
             try:
                 reaped = loop.run_in_executor(None, os.waitpid, pid, 0)
                 try:
-                    _, status = await asyncio.wait_for(
-                        asyncio.shield(reaped), self.child_deadline_s
-                    )
+                    async with asyncio.timeout(self.child_deadline_s):
+                        _, status = await asyncio.shield(reaped)
                 except TimeoutError:
                     signal.pidfd_send_signal(child, signal.SIGKILL)
                     await reaped

@@ -11,9 +11,11 @@ stderr (the process's log), for a process that does not stop or does not answer:
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import sys
 from collections.abc import Callable
+from types import AsyncGeneratorType, FrameType
 
 import structlog
 
@@ -44,8 +46,55 @@ def _stop_all(loop: asyncio.AbstractEventLoop) -> None:
 def dump_tasks(loop: asyncio.AbstractEventLoop) -> None:
     """Every task of `loop` with where it waits, on stderr."""
     tasks = asyncio.all_tasks(loop)
-    print(f"--- {len(tasks)} asyncio tasks (SIGUSR1)", file=sys.stderr, flush=True)
+    lines = [f"--- {len(tasks)} asyncio tasks (SIGUSR1)"]
     for task in tasks:
-        print(f"--- {task!r}", file=sys.stderr)
-        task.print_stack(limit=12, file=sys.stderr)
-    sys.stderr.flush()
+        lines.append(f"--- {task!r}")
+        lines.extend(f"    {place}" for place in await_chain(task.get_coro()))
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def await_chain(awaitable: object, *, limit: int = 24) -> list[str]:
+    """Where a coroutine waits: its frame, then each coroutine or generator it awaits.
+
+    `Task.print_stack` shows a coroutine task's outermost frame only (so a task stuck
+    in a library shows as stuck in our first call) and fails on a compiled frame
+    (grpc's Cython ones have no line); this follows `cr_await`/`ag_await`/
+    `gi_yieldfrom` to the innermost, naming what has no Python frame.
+    """
+    places: list[str] = []
+    current: object = awaitable
+    while current is not None and len(places) < limit:
+        frame = _frame_of(current)
+        if frame is None:
+            places.append(f"in {current!r}")
+            break
+        code = frame.f_code
+        places.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
+        current = _awaited_by(current)
+    return places
+
+
+def _frame_of(awaitable: object) -> FrameType | None:
+    for name in ("cr_frame", "ag_frame", "gi_frame"):
+        frame = getattr(awaitable, name, None)
+        if isinstance(frame, FrameType):
+            return frame
+    return None
+
+
+def _awaited_by(awaitable: object) -> object:
+    for name in ("cr_await", "ag_await", "gi_yieldfrom"):
+        inner = getattr(awaitable, name, None)
+        if inner is not None:
+            return _generator_behind(inner)
+    return None
+
+
+def _generator_behind(awaitable: object) -> object:
+    """`async for` awaits an `async_generator_asend`, which does not expose its
+    generator; the garbage collector's referents do (diagnostics only)."""
+    if type(awaitable).__name__ in ("async_generator_asend", "async_generator_athrow"):
+        for referent in gc.get_referents(awaitable):
+            if isinstance(referent, AsyncGeneratorType):
+                return referent
+    return awaitable

@@ -179,7 +179,8 @@ class ShardServicer:
                 # The client closed its side: parked commands still get their answer,
                 # for a bounded time (after that the client retries; dedup answers).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(settled.wait(), FINALS_GRACE_S)
+                    async with asyncio.timeout(FINALS_GRACE_S):
+                        await settled.wait()
                 late.cancel()
             await outgoing.put(None)
 

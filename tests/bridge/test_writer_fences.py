@@ -83,7 +83,8 @@ async def _probe_matcher(
     refused, nothing changes)."""
     order = OrderFactory(SHARD).limit(1, 1, 100)
     await call.write(batch(cancel(order)))
-    answer = await asyncio.wait_for(call.read(), ANSWER_TIMEOUT_S)
+    async with asyncio.timeout(ANSWER_TIMEOUT_S):
+        answer = await call.read()
     assert isinstance(answer, matcher_pb2.MatcherResultBatch), answer
     assert len(answer.results) == 1
     return call
@@ -91,7 +92,8 @@ async def _probe_matcher(
 
 async def _refused_at_opening(call: grpc.aio.StreamStreamCall[object, object]) -> grpc.StatusCode:
     """The status the matcher ended a new call with, before anything was sent on it."""
-    return await asyncio.wait_for(call.code(), ANSWER_TIMEOUT_S)
+    async with asyncio.timeout(ANSWER_TIMEOUT_S):
+        return await call.code()
 
 
 async def _refused_on_next_batch(
@@ -101,9 +103,11 @@ async def _refused_on_next_batch(
     order = OrderFactory(SHARD).limit(1, 1, 100)
     await call.write(batch(cancel(order)))
     with contextlib.suppress(grpc.aio.AioRpcError):
-        answer = await asyncio.wait_for(call.read(), ANSWER_TIMEOUT_S)
+        async with asyncio.timeout(ANSWER_TIMEOUT_S):
+            answer = await call.read()
         assert answer is grpc.aio.EOF, answer
-    return await asyncio.wait_for(call.code(), ANSWER_TIMEOUT_S)
+    async with asyncio.timeout(ANSWER_TIMEOUT_S):
+        return await call.code()
 
 
 async def test_the_matcher_serves_only_the_bridge_s_current_term(

@@ -190,7 +190,8 @@ async def test_a_server_stream_in_order_with_its_status_and_cancel(kind: str) ->
         assert (await endless.read()).service == "0"
         assert (await endless.read()).service == "1"
         endless.cancel()
-        await asyncio.wait_for(servicer.cancelled.wait(), 5)
+        async with asyncio.timeout(5):
+            await servicer.cancelled.wait()
         assert await endless.code() == grpc.StatusCode.CANCELLED
 
 

@@ -109,6 +109,37 @@ async def test_a_watch_from_a_compacted_revision_is_an_error_never_a_skip(
         assert latest.entry.value == b"3"
 
 
+async def test_a_watch_cancelled_at_any_moment_ends(etcd_endpoint: str) -> None:
+    """A follower that wins an election cancels its watch; the watch must end.
+
+    Python 3.11's `asyncio.wait_for` returns the answer and drops the cancellation
+    when both land in one turn of the loop (fixed in 3.12), so a watch cancelled as
+    etcd confirmed it went on waiting for events and a stopping replica waited for
+    it forever. Here the cancel lands at each turn of the loop in turn, across the
+    moment etcd's confirmation arrives. (`asyncio.wait_for` is banned by ruff.)
+    """
+    prefix = _prefix()
+
+    async def watch_forever(session: EtcdSession, from_revision: int) -> None:
+        async for _ in session.watch(prefix, prefix_end(prefix), from_revision=from_revision):
+            pass
+
+    async with EtcdSession((etcd_endpoint,)) as session:
+        await session.put(prefix + b"a", b"1")
+        written = session.revision  # other tests compact: never watch from older history
+        for turns in range(CANCEL_TURNS):
+            watching = asyncio.create_task(watch_forever(session, written))
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            watching.cancel()
+            done, _ = await asyncio.wait({watching}, timeout=2.0)
+            assert done, f"a watch cancelled after {turns} turns of the loop still runs"
+            assert watching.cancelled()
+
+
+CANCEL_TURNS = 400
+
+
 async def test_a_lease_is_kept_alive_then_revoked_with_its_keys_and_revoking_again_is_quiet(
     etcd_endpoint: str,
 ) -> None:

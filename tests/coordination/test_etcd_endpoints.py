@@ -152,7 +152,8 @@ async def _round_trip(session: EtcdSession, name: bytes) -> None:
     created, held = await session.create(key + b"/created", b"x", lease=0)
     assert created and held is not None
     events = session.watch(key, prefix_end(key), from_revision=entry.mod_revision)
-    first = await asyncio.wait_for(anext(events), 10)
+    async with asyncio.timeout(10):
+        first = await anext(events)
     assert first.entry.value == b"one"
     await events.aclose()
     lease = await session.grant_lease(5)

@@ -185,7 +185,8 @@ async def operator(
         if process.returncode is None:
             process.terminate()
             try:
-                await asyncio.wait_for(process.wait(), 30)
+                async with asyncio.timeout(30):
+                    await process.wait()
             except TimeoutError:
                 process.kill()
                 await process.wait()

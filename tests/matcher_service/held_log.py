@@ -112,4 +112,5 @@ async def stop_host(
     while log.held:
         log.release_next()
     host.stop()
-    await asyncio.wait_for(serving, 30)
+    async with asyncio.timeout(30):
+        await serving

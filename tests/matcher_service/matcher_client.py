@@ -106,7 +106,8 @@ class MatcherClient:
                     return
 
         try:
-            await asyncio.wait_for(read(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await read()
         except TimeoutError as error:
             raise AssertionError(
                 f"{shard}: got {len(received)} events from {from_sequence}, "

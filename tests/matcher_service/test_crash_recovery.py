@@ -133,7 +133,9 @@ async def test_kill_9_under_load_loses_nothing_acknowledged_and_doubles_nothing(
             for load in loads:
                 await load.wait_acknowledged(ACKNOWLEDGED_BEFORE_KILL, timeout_s=20)
             process.kill()
-            for status in await asyncio.wait_for(asyncio.gather(*running), 10):
+            async with asyncio.timeout(10):
+                statuses = await asyncio.gather(*running)
+            for status in statuses:
                 assert status in BROKEN_STREAM
             await asyncio.to_thread(process.start_serving)
 

@@ -33,7 +33,8 @@ async def test_subscribe_never_delivers_an_event_whose_record_is_not_durable(
     host, log = held_host(tmp_path)
     serving, _ = serve(host)
     try:
-        await asyncio.wait_for(host.ready.wait(), 30)
+        async with asyncio.timeout(30):
+            await host.ready.wait()
         orders = OrderFactory("boundary")
         durable = orders.limit(1, BUY, REFERENCE - 1, 1)
         held = orders.limit(1, BUY, REFERENCE - 2, 1)
@@ -50,11 +51,13 @@ async def test_subscribe_never_delivers_an_event_whose_record_is_not_durable(
                     matcher_pb2.SubscribeRequest(oms_shard=orders.shard, from_sequence=1)
                 )
             )
-            first = await asyncio.wait_for(anext(stream), READ_TIMEOUT_S)
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                first = await anext(stream)
             assert [(e.sequence, e.order_id) for e in first.events] == [(1, durable.order_id)]
 
             log.release_next()
-            second = await asyncio.wait_for(anext(stream), READ_TIMEOUT_S)
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                second = await anext(stream)
             assert [(e.sequence, e.order_id, kind(e)) for e in second.events] == [
                 (2, held.order_id, "accepted")
             ]
@@ -68,7 +71,8 @@ async def test_a_query_waits_until_the_record_it_would_see_is_durable(tmp_path: 
     host, log = held_host(tmp_path)
     serving, _ = serve(host)
     try:
-        await asyncio.wait_for(host.ready.wait(), 30)
+        async with asyncio.timeout(30):
+            await host.ready.wait()
         orders = OrderFactory("boundary")
         held = orders.limit(1, BUY, REFERENCE - 2, 3)
         async with aio_channel(f"127.0.0.1:{host.bound_port}") as channel:
@@ -84,8 +88,10 @@ async def test_a_query_waits_until_the_record_it_would_see_is_durable(tmp_path: 
             assert not by_id.done() and not open_orders.done()
 
             log.release_next()
-            state = await asyncio.wait_for(by_id, READ_TIMEOUT_S)
-            snapshot = await asyncio.wait_for(open_orders, READ_TIMEOUT_S)
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                state = await by_id
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                snapshot = await open_orders
             assert state is not None and (state.order, state.status) == (held, OPEN)
             assert snapshot.as_of_sequence == 1
             assert list(snapshot.orders) == [state]

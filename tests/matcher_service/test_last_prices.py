@@ -36,7 +36,8 @@ async def price_of_trade(stream: grpc.aio.UnaryStreamCall, trade_id: int) -> mat
         raise AssertionError("the price stream ended")
 
     try:
-        return await asyncio.wait_for(read(), READ_TIMEOUT_S)
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            return await read()
     finally:
         stream.cancel()
 
@@ -76,7 +77,8 @@ async def test_a_price_is_streamed_only_once_its_trade_is_durable(tmp_path: Path
     host, log = held_host(tmp_path)
     serving, _ = serve(host)
     try:
-        await asyncio.wait_for(host.ready.wait(), 30)
+        async with asyncio.timeout(30):
+            await host.ready.wait()
         orders = OrderFactory("held")
         async with aio_channel(f"127.0.0.1:{host.bound_port}") as channel:
             client = MatcherClient(channel)
@@ -93,13 +95,15 @@ async def test_a_price_is_streamed_only_once_its_trade_is_durable(tmp_path: Path
 
             log.release_next()  # trade 1 is durable; trade 2 gets applied, its record held
             await wait_until(lambda: len(log.held) == 1)
-            first = await asyncio.wait_for(anext(prices), READ_TIMEOUT_S)
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                first = await anext(prices)
             assert (first.trade_id, first.price_ticks) == (1, REFERENCE + 1), (
                 f"streamed {first} while trade 2 was not durable"
             )
 
             log.release_next()
-            second = await asyncio.wait_for(anext(prices), READ_TIMEOUT_S)
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                second = await anext(prices)
             assert (second.trade_id, second.price_ticks) == (2, REFERENCE + 2)
             await execute.done_writing()
             assert len([result async for result in execute]) == 2
@@ -131,7 +135,8 @@ async def test_prices_conflate_to_the_newest_within_the_interval_asked(
                 return
 
     try:
-        await asyncio.wait_for(read_until_newest(), READ_TIMEOUT_S)
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            await read_until_newest()
     finally:
         stream.cancel()
     assert received[-1].price_ticks == REFERENCE + 52

@@ -53,7 +53,8 @@ async def test_queries_are_answered_promptly_under_a_sustained_load(
     finally:
         for load in loads:
             load.stop.set()
-        statuses = await asyncio.wait_for(asyncio.gather(*running), 20)
+        async with asyncio.timeout(20):
+            statuses = await asyncio.gather(*running)
     assert statuses == [None, None]
     assert sum(len(load.acknowledged) for load in loads) > busy  # the load ran throughout
     assert sum(latencies) < TOTAL_BUDGET_S, f"query latencies (s): {latencies}"

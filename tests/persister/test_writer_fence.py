@@ -55,7 +55,8 @@ async def test_a_newer_token_fences_the_old_writer_out(stores: tuple[Store, Stor
         claiming = asyncio.create_task(claim(new, SHARD, 101))
         await asyncio.sleep(0)  # the claim is sent and blocks on the row
         await write_cursor(session, SHARD, 11)
-    new.fence = await asyncio.wait_for(claiming, 10)
+    async with asyncio.timeout(10):
+        new.fence = await claiming
     assert new.fence.token == 101
     with pytest.raises(WriterFencedError):
         async with old.transaction() as session:

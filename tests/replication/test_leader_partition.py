@@ -115,7 +115,8 @@ async def leader_cut_and_healed(
             observer = Observer(cut, others, term)
             partition()
             cut_at = time.monotonic()
-            await asyncio.wait_for(observer.run(), SERVE_AGAIN_S + 10.0)
+            async with asyncio.timeout(SERVE_AGAIN_S + 10.0):
+                await observer.run()
             await load.wait_successes(300, timeout_s=SERVE_AGAIN_S + 10.0)
             print(
                 f"cut leader: last answer {observer.last_answer - cut_at:.2f} s after the cut,"

@@ -67,7 +67,8 @@ async def test_a_watcher_sees_every_epoch_in_order(store: RoutingStore) -> None:
     current = first
     for epoch in (2, 3, 4):
         current = await store.swap(current, _document(epoch, "c1", f"c{epoch}"))
-    await asyncio.wait_for(watcher, WATCH_TIMEOUT_S)
+    async with asyncio.timeout(WATCH_TIMEOUT_S):
+        await watcher
     assert [stored.epoch for stored in seen] == [2, 3, 4]
     assert seen[-1] == current
 

@@ -49,7 +49,8 @@ async def test_host_serves_health_ingress_and_resumable_egress(tmp_path: Path) -
     host = make_host(tmp_path)
     running = asyncio.create_task(host.run(health_only))
     try:
-        await asyncio.wait_for(host.ready.wait(), 30)
+        async with asyncio.timeout(30):
+            await host.ready.wait()
         assert await health_status(host.bound_port) == health_pb2.HealthCheckResponse.SERVING
         first, egress = await host.ingress.submit(encode_increment(7, 5))
         assert egress == ((7, 5),)
@@ -62,34 +63,41 @@ async def test_host_serves_health_ingress_and_resumable_egress(tmp_path: Path) -
         assert seen == [(first, (7, 5)), (second, (7, 6))]
     finally:
         host.stop()
-        await asyncio.wait_for(running, 30)
+        async with asyncio.timeout(30):
+            await running
 
 
 async def test_egress_of_the_replayed_tail_is_available_after_restart(tmp_path: Path) -> None:
     host = make_host(tmp_path)
     running = asyncio.create_task(host.run(health_only))
-    await asyncio.wait_for(host.ready.wait(), 30)
+    async with asyncio.timeout(30):
+        await host.ready.wait()
     position, _ = await host.ingress.submit(encode_increment(1, 10))
     host.stop()
-    await asyncio.wait_for(running, 30)
+    async with asyncio.timeout(30):
+        await running
 
     restarted = make_host(tmp_path)
     running = asyncio.create_task(restarted.run(health_only))
     try:
-        await asyncio.wait_for(restarted.ready.wait(), 30)
+        async with asyncio.timeout(30):
+            await restarted.ready.wait()
         records = restarted.feed.subscribe(position)
-        record = await asyncio.wait_for(anext(records), 5)
+        async with asyncio.timeout(5):
+            record = await anext(records)
         assert record.items == [(position, (1, 10))]
     finally:
         restarted.stop()
-        await asyncio.wait_for(running, 30)
+        async with asyncio.timeout(30):
+            await running
 
 
 async def test_a_position_older_than_the_window_is_refused(tmp_path: Path) -> None:
     host = make_host(tmp_path, retained=2)
     running = asyncio.create_task(host.run(health_only))
     try:
-        await asyncio.wait_for(host.ready.wait(), 30)
+        async with asyncio.timeout(30):
+            await host.ready.wait()
         positions = [(await host.ingress.submit(encode_increment(k, 1)))[0] for k in range(5)]
         with pytest.raises(EgressWindowExceededError):
             await anext(host.feed.subscribe(positions[0]))
@@ -97,7 +105,8 @@ async def test_a_position_older_than_the_window_is_refused(tmp_path: Path) -> No
         assert newest.items == [(positions[-1], (4, 1))]
     finally:
         host.stop()
-        await asyncio.wait_for(running, 30)
+        async with asyncio.timeout(30):
+            await running
 
 
 async def test_settled_returns_under_steady_load_with_everything_applied_durable(
@@ -113,7 +122,8 @@ async def test_settled_returns_under_steady_load_with_everything_applied_durable
             await asyncio.gather(*(host.ingress.submit(encode_increment(1, 1)) for _ in range(8)))
 
     try:
-        await asyncio.wait_for(host.ready.wait(), 30)
+        async with asyncio.timeout(30):
+            await host.ready.wait()
         producers = [asyncio.create_task(steady_load()) for _ in range(4)]
         node = host.node
         for _ in range(20):
@@ -128,7 +138,8 @@ async def test_settled_returns_under_steady_load_with_everything_applied_durable
     finally:
         stop_load.set()
         host.stop()
-        await asyncio.wait_for(running, 30)
+        async with asyncio.timeout(30):
+            await running
 
 
 async def test_a_readers_batches_keep_their_order_through_holds_and_full_queues(
@@ -139,7 +150,8 @@ async def test_a_readers_batches_keep_their_order_through_holds_and_full_queues(
     host = make_host(tmp_path, max_pending_entries=4)
     running = asyncio.create_task(host.run(health_only))
     try:
-        await asyncio.wait_for(host.ready.wait(), 30)
+        async with asyncio.timeout(30):
+            await host.ready.wait()
         reading = True
 
         async def reads() -> None:
@@ -160,7 +172,8 @@ async def test_a_readers_batches_keep_their_order_through_holds_and_full_queues(
         assert host.ingress.statistics().waits_for_capacity > 0
     finally:
         host.stop()
-        await asyncio.wait_for(running, 30)
+        async with asyncio.timeout(30):
+            await running
 
 
 async def test_a_second_server_on_a_served_port_fails_instead_of_sharing_it(
@@ -169,7 +182,8 @@ async def test_a_second_server_on_a_served_port_fails_instead_of_sharing_it(
     first = make_host(tmp_path / "first")
     running = asyncio.create_task(first.run(health_only))
     try:
-        await asyncio.wait_for(first.ready.wait(), 30)
+        async with asyncio.timeout(30):
+            await first.ready.wait()
         second: RuntimeHost[Egress] = RuntimeHost(
             RuntimeNode(
                 CounterMachine(),
@@ -179,8 +193,10 @@ async def test_a_second_server_on_a_served_port_fails_instead_of_sharing_it(
             listen_address=f"127.0.0.1:{first.bound_port}",
         )
         with pytest.raises(RuntimeError, match="Failed to bind"):
-            await asyncio.wait_for(second.run(health_only), 30)
+            async with asyncio.timeout(30):
+                await second.run(health_only)
         assert await health_status(first.bound_port) == health_pb2.HealthCheckResponse.SERVING
     finally:
         first.stop()
-        await asyncio.wait_for(running, 30)
+        async with asyncio.timeout(30):
+            await running

@@ -94,5 +94,6 @@ async def start_deposit_load(
 async def stop_deposit_load(load: DepositLoad, running: asyncio.Task[None]) -> None:
     """Stop the callers (each finishes its transfer) and close the link."""
     load.stop.set()
-    await asyncio.wait_for(running, 60)
+    async with asyncio.timeout(60):
+        await running
     await load.link.close()

@@ -283,7 +283,8 @@ class ExecuteStream:
     async def close(self) -> None:
         self._requests.put_nowait(None)
         try:
-            await asyncio.wait_for(asyncio.shield(self._reader), WAIT_S)
+            async with asyncio.timeout(WAIT_S):
+                await asyncio.shield(self._reader)
         except TimeoutError:
             self._call.cancel()
         finally:
@@ -364,7 +365,8 @@ class ShardClient:
                     return
 
         try:
-            await asyncio.wait_for(collect(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await collect()
         except TimeoutError as error:
             raise AssertionError(f"egress condition not met; got {items!r}") from error
         finally:

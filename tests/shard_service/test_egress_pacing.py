@@ -61,7 +61,8 @@ async def test_a_paced_subscription_gathers_records_and_sends_reads_at_once(
         carried = 0
         through = 0
         while through < positions[-1]:
-            _, message = await asyncio.wait_for(received.get(), WAIT_S + INTERVAL_MS / 1000)
+            async with asyncio.timeout(WAIT_S + INTERVAL_MS / 1000):
+                _, message = await received.get()
             carried += 1
             through = max(through, message.through_position)
         # The first message may go at once; after it, one per interval at most.
@@ -77,7 +78,8 @@ async def test_a_paced_subscription_gathers_records_and_sends_reads_at_once(
             parked = await stream.wait_parked(correlation_id)
             asked_at = time.monotonic()
             while True:
-                arrived_at, message = await asyncio.wait_for(received.get(), WAIT_S)
+                async with asyncio.timeout(WAIT_S):
+                    arrived_at, message = await received.get()
                 requests = [
                     item for item in message.items if item.WhichOneof("egress") == "hydrate_request"
                 ]

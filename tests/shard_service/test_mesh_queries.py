@@ -131,7 +131,8 @@ async def test_shard_link_loses_nothing_queued_after_the_shard_restarts(
         # The first commands after the break: a mesh command (no answer to notice its loss)
         # and a client command that only succeeds if the mesh command arrived first.
         await link.send([hydrate(9)])
-        funded = await asyncio.wait_for(link.execute(deposit(9, 2_000)), 10)
+        async with asyncio.timeout(10):
+            funded = await link.execute(deposit(9, 2_000))
         assert funded.accepted and not funded.parked, funded
         assert link.breaks >= 1
     finally:
