@@ -252,6 +252,7 @@ class Sequencer(Generic[EgressT]):
     async def _run_batches(self) -> None:
         loop = asyncio.get_running_loop()
         timer_interval = self.settings.timer_interval_ms
+        self._find_clock_behind_log(self._clock_ms())
         if timer_interval:
             self._next_timer_ms = self._clock_ms()
         while True:
@@ -357,6 +358,21 @@ class Sequencer(Generic[EgressT]):
             self._busy_timer_cadence(now_ms)
         if self._on_durable is not None:
             self._on_durable(batch, outputs)
+
+    def _find_clock_behind_log(self, now_ms: int) -> None:
+        """A writer whose clock is behind the log's consensus time (the previous
+        leader's clock ran fast or was stepped ahead, or this host's was stepped back
+        while it was down) holds that time until its clock passes it: to everything
+        waiting on consensus time this is a step back, and is counted and logged as
+        one (a step seen while writing is found by `_follow_clock_steps`)."""
+        widest = max(self.settings.idle_timer_interval_ms, self.settings.timer_interval_ms)
+        if self._consensus_time_ms > now_ms + widest:
+            log.warning(
+                "sequencer.clock_behind_log",
+                by_ms=self._consensus_time_ms - now_ms,
+                consensus_time_ms=self._consensus_time_ms,
+            )
+            self._clock_steps_back += 1
 
     def _follow_clock_steps(self, now_ms: int) -> None:
         """A wall clock stepped back (an NTP step, an operator) leaves the next timer as

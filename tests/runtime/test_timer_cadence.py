@@ -157,3 +157,40 @@ async def test_a_clock_stepped_back_holds_consensus_time_and_keeps_the_timers(
         node.stop()
         await asyncio.wait({task}, timeout=10)
         await node.close()
+
+
+async def test_a_writer_whose_clock_is_behind_the_log_holds_its_time_and_counts_a_step(
+    tmp_path: Path,
+) -> None:
+    """The log was written under a clock an hour ahead (the previous leader's ran fast);
+    the next writer's clock is right: consensus time holds where the log left it, the
+    timers go on, and the step back is counted as one seen while writing would be."""
+    ahead = SteppedClock()
+    ahead.offset_ms = HOUR_MS
+    first = node_for(tmp_path, TimerRecordingMachine(), interval_ms=10, widest_ms=160, clock=ahead)
+    await first.recover()
+    task = asyncio.create_task(first.run())
+    try:
+        receipt = await settle(first.sequencer.submit_many([encode_increment(1, 1)]), task)
+        assert first.sequencer.statistics().clock_steps_back == 0
+    finally:
+        first.stop()
+        await asyncio.wait({task}, timeout=10)
+        await first.close()
+
+    machine = TimerRecordingMachine()
+    machine.busy = True
+    node = node_for(tmp_path, machine, interval_ms=10, widest_ms=160)
+    await node.recover()
+    replayed = len(machine.timer_times_ms)
+    task = asyncio.create_task(node.run())
+    try:
+        timers = (await timers_logged(machine, replayed + 10))[replayed:]
+        assert min(timers) >= receipt.consensus_time_ms, (receipt, timers[:3])
+        assert node.sequencer.statistics().clock_steps_back == 1
+        later = await settle(node.sequencer.submit_many([encode_increment(1, 1)]), task)
+        assert later.consensus_time_ms >= receipt.consensus_time_ms
+    finally:
+        node.stop()
+        await asyncio.wait({task}, timeout=10)
+        await node.close()
