@@ -29,18 +29,12 @@ import pytest
 from gateway.client import AdminClient, GatewayCallError
 from protos.oms.v1 import common_pb2
 from tests.bridge.bridge_process import service_status
+from tests.clock_faults.faketime import LIBFAKETIME, needs_libfaketime
 from tests.full_mesh import FullMesh
 from tests.gateway.accounts import BTC, PRICE, open_account
 
 T = TypeVar("T")
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not LIBFAKETIME.exists(),
-        reason="no libfaketime: apt-get install faketime (Debian), run as root by `make install`",
-    ),
-]
+pytestmark = [pytest.mark.slow, needs_libfaketime]
 HOUR_S = 3_600
 HOUR_MS = HOUR_S * 1_000
 WAIT_S = 20.0
