@@ -80,7 +80,9 @@ class ReplicaSet:
         environment: dict[str, str] | None = None,
     ) -> None:
         self.shard_id = f"rep{os.getpid()}-{next(_groups)}"
-        self.mesh_id = MESH_ID
+        # A test that looks at a whole mesh (`oms upgrade status`) gives one of its own:
+        # other tests' groups stay registered until their leases lapse.
+        self.mesh_id = (environment or {}).get("OMS_MESH_ID", MESH_ID)
         environment = {
             "OMS_MESH_ID": self.mesh_id,  # whatever the caller's shell exports
             "OMS_SHARD_LOG": "etcd",

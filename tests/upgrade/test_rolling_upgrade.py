@@ -14,6 +14,7 @@ build afterwards stops at the entry (exit 3) instead of applying it.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 
 import pytest
@@ -66,9 +67,10 @@ async def _big_deposit(link: ShardLink, transfer_id: str) -> shard_pb2.ShardResu
 
 
 async def test_a_shard_rolled_replica_by_replica_switches_version_at_one_position(
-    replica_set: Callable[[int], ReplicaSet], capsys: pytest.CaptureFixture[str]
+    replica_set: Callable[..., ReplicaSet], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    replicas = replica_set(3)
+    # A mesh of its own: `upgrade status` reports every group of the mesh it is asked.
+    replicas = replica_set(3, {"OMS_MESH_ID": f"roll-{os.getpid()}"})
     where = ("--etcd", ",".join(replicas.etcd_endpoints), "--mesh-id", replicas.mesh_id)
     group = f"shard/{replicas.shard_id}"
     leader_address = LeaderAddress(
