@@ -22,7 +22,7 @@ import pytest
 from services.infra.embedded_etcd import EmbeddedEtcd
 from tests.power_cut.power_cut_disk import PowerCutDisk, unavailable
 from tests.replication.replica_set import ReplicaSet
-from tests.replication.test_shard_failover import _check, _finish, _started_load
+from tests.replication.test_shard_failover import _finish, _started_load
 
 pytestmark = [
     pytest.mark.slow,
@@ -69,7 +69,7 @@ async def test_a_power_cut_under_the_etcd_log_loses_no_acknowledged_deposit(
             finally:
                 await _finish(link, load, running)
             print(f"deposits: {dict(load.answers)}")  # shown with -s
-            await _check(replicas, load)
+            await replicas.check_deposits(load)
         finally:
             await asyncio.to_thread(replicas.stop)
             etcd.stop()

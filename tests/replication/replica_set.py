@@ -20,7 +20,9 @@ import grpc
 from protos.oms.v1 import status_pb2, status_pb2_grpc
 from services.transport.tls import MeshTransport
 from tests.service_process import CHANNEL_OPTIONS, ServiceProcessError
-from tests.shard_service.shard_process import ShardProcess
+from tests.shard_service.deposit_load import DepositLoad
+from tests.shard_service.shard_client import USDT, ShardClient, balance
+from tests.shard_service.shard_process import ShardProcess, aio_channel
 
 _groups = itertools.count(1)
 MESH_ID = "test-replicas"
@@ -167,3 +169,19 @@ class ReplicaSet:
             if time.monotonic() > deadline:
                 raise AssertionError(f"replicas never reached one position: {statuses}")
             await asyncio.sleep(0.05)
+
+    async def check_deposits(self, load: DepositLoad) -> list[ReplicaStatus]:
+        """Every acknowledged deposit once on the leader; then one position and one hash
+        on every running replica, followers having verified the leader's hashes. The
+        load must have stopped. The replicas' statuses."""
+        leader = await asyncio.to_thread(self.wait_leader)
+        async with aio_channel(leader.address) as channel:
+            shard = ShardClient(channel)
+            for user_id in load.users:
+                view = await shard.actor(user_id)
+                assert balance(view, USDT).total == load.accepted[user_id], user_id
+        statuses = await self.wait_agreed()
+        assert len({status.state_hash for status in statuses}) == 1, statuses
+        followers = [status for status in statuses if not status.leading]
+        assert followers and all(status.checkpoints_verified > 0 for status in followers), statuses
+        return statuses

@@ -32,7 +32,7 @@ import pytest
 
 from services.infra.embedded_etcd import EmbeddedEtcd, EmbeddedEtcdCluster
 from tests.replication.replica_set import LEASE_TTL_S, ReplicaSet, status_of
-from tests.replication.test_shard_failover import _check, _finish, _started_load
+from tests.replication.test_shard_failover import _finish, _started_load
 from tests.shard_service.deposit_load import DepositLoad
 
 # Each case takes 10 to 20 s; the timeout only stops one that hangs, so the module
@@ -214,7 +214,7 @@ async def test_one_member_lost_changes_nothing_the_callers_see(
         f"{term} -> {leading_terms}, restarts {restarts}, answers {dict(load.answers)}"
     )
     await _all_serving(replicas)
-    await _check(replicas, load)
+    await replicas.check_deposits(load)
     assert not _logged(replicas, DIVERGENCE_MARKS)
     # Nothing visible: a short pause at most, no replica ended, the same leader's term.
     # (With etcd's leader lost, an append in flight through a surviving member is
@@ -273,5 +273,5 @@ async def test_quorum_lost_stops_the_shard_until_it_returns_and_nothing_is_lost(
     )
     assert late_answer_s < LATE_ANSWER_S
     await _all_serving(replicas)
-    await _check(replicas, load)
+    await replicas.check_deposits(load)
     assert not _logged(replicas, DIVERGENCE_MARKS)

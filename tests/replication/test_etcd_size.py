@@ -19,7 +19,7 @@ from services.coordination.etcd_session import EtcdSession
 from services.infra.embedded_etcd import EmbeddedEtcd
 from tests.replication.replica_set import ReplicaSet, status_of
 from tests.replication.test_log_truncation import FREQUENT, _log_keys
-from tests.replication.test_shard_failover import _check, _finish, _started_load
+from tests.replication.test_shard_failover import _finish, _started_load
 
 pytestmark = pytest.mark.slow
 SAMPLES = 12
@@ -91,6 +91,6 @@ async def test_etcd_stays_flat_over_a_long_run(own_etcd: EmbeddedEtcd, tmp_path:
         assert in_use_last <= in_use_before * 1.5, samples
         assert last[-1].db_size_bytes <= second[-1].db_size_bytes * 1.25, samples
         assert counters["compactions"] > 0 and counters["truncated_through"] > 0, counters
-        await _check(replicas, load)
+        await replicas.check_deposits(load)
     finally:
         replicas.stop()

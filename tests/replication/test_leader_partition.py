@@ -32,7 +32,7 @@ import pytest
 from tests.partitions.nft_partition import LinkCut
 from tests.partitions.nft_partition import unavailable as nft_unavailable
 from tests.replication.replica_set import LEASE_TTL_S, ReplicaProcess, ReplicaSet, status_of
-from tests.replication.test_shard_failover import SERVE_AGAIN_S, _check, _finish, _started_load
+from tests.replication.test_shard_failover import SERVE_AGAIN_S, _finish, _started_load
 from tests.shard_service.shard_client import ShardClient
 from tests.shard_service.shard_process import aio_channel
 from tests.sharding.freezing_proxy import FreezingProxy
@@ -140,6 +140,6 @@ async def leader_cut_and_healed(
             await load.wait_successes(300)
         finally:
             await _finish(link, load, running)
-        await _check(replicas, load)
+        await replicas.check_deposits(load)
     finally:
         await asyncio.to_thread(replicas.stop)

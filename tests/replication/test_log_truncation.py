@@ -14,7 +14,7 @@ import pytest
 from services.coordination.etcd_session import EtcdSession, prefix_end
 from services.coordination.group_keys import GroupKeys
 from tests.replication.replica_set import ReplicaSet, status_of
-from tests.replication.test_shard_failover import _check, _finish, _started_load
+from tests.replication.test_shard_failover import _finish, _started_load
 
 pytestmark = pytest.mark.slow
 # Snapshots every 100 entries (a few seconds of this load), compaction every second.
@@ -71,4 +71,4 @@ async def test_the_log_stays_bounded_and_a_wiped_follower_installs_a_snapshot(
         await load.wait_successes(300)
     finally:
         await _finish(link, load, running)
-    await _check(replicas, load)
+    await replicas.check_deposits(load)

@@ -22,8 +22,6 @@ from services.clients.shard_link import ShardLink
 from services.coordination.addresses import LeaderAddress
 from tests.replication.replica_set import LEASE_TTL_S, ReplicaSet, status_of
 from tests.shard_service.deposit_load import DepositLoad, start_deposit_load, stop_deposit_load
-from tests.shard_service.shard_client import USDT, ShardClient, balance
-from tests.shard_service.shard_process import aio_channel
 
 pytestmark = pytest.mark.slow
 USERS = 16
@@ -44,20 +42,6 @@ async def _started_load(
 async def _finish(link: ShardLink, load: DepositLoad, running: asyncio.Task[None]) -> None:
     await stop_deposit_load(load, running)
     await link.source.close()  # the link does not close a source it was given
-
-
-async def _check(replicas: ReplicaSet, load: DepositLoad) -> None:
-    """Exactly once on the leader; one position and one hash on every replica."""
-    leader = await asyncio.to_thread(replicas.wait_leader)
-    async with aio_channel(leader.address) as channel:
-        shard = ShardClient(channel)
-        for user_id in load.users:
-            view = await shard.actor(user_id)
-            assert balance(view, USDT).total == load.accepted[user_id], user_id
-    statuses = await replicas.wait_agreed()
-    assert len({status.state_hash for status in statuses}) == 1, statuses
-    followers = [status for status in statuses if not status.leading]
-    assert followers and all(status.checkpoints_verified > 0 for status in followers), statuses
 
 
 async def test_killing_the_leader_under_load_loses_nothing_and_the_replicas_agree(
@@ -84,7 +68,7 @@ async def test_killing_the_leader_under_load_loses_nothing_and_the_replicas_agre
         await _finish(link, load, running)
     print(f"failovers {[f'{s:.2f}' for s in failovers]} s, answers {dict(load.answers)}")
     assert max(failovers) < SERVE_AGAIN_S
-    await _check(replicas, load)
+    await replicas.check_deposits(load)
 
 
 async def test_a_leader_stopped_past_its_lease_is_fenced_and_leaves(
@@ -118,7 +102,7 @@ async def test_a_leader_stopped_past_its_lease_is_fenced_and_leaves(
         await load.wait_successes(300)
     finally:
         await _finish(link, load, running)
-    await _check(replicas, load)
+    await replicas.check_deposits(load)
 
 
 async def test_a_restarted_follower_catches_up_to_the_leaders_hash(
@@ -136,4 +120,4 @@ async def test_a_restarted_follower_catches_up_to_the_leaders_hash(
         await load.wait_successes(300)
     finally:
         await _finish(link, load, running)
-    await _check(replicas, load)
+    await replicas.check_deposits(load)
