@@ -58,6 +58,12 @@ class SequencerSettings:
     timer_interval_ms: int = 100  # 0 turns timer entries off (tests drive time by hand)
     idle_timer_interval_ms: int = 1_000  # the widest spacing while nothing happens
 
+    @property
+    def widest_timer_spacing_ms(self) -> int:
+        """The widest gap between timer entries: idle timers widen up to it, and a clock
+        further behind than it is taken for a step back."""
+        return max(self.idle_timer_interval_ms, self.timer_interval_ms)
+
 
 @dataclass(frozen=True, slots=True)
 class Receipt(Generic[EgressT]):
@@ -365,7 +371,7 @@ class Sequencer(Generic[EgressT]):
         while it was down) holds that time until its clock passes it: to everything
         waiting on consensus time this is a step back, and is counted and logged as
         one (a step seen while writing is found by `_follow_clock_steps`)."""
-        widest = max(self.settings.idle_timer_interval_ms, self.settings.timer_interval_ms)
+        widest = self.settings.widest_timer_spacing_ms
         if self._consensus_time_ms > now_ms + widest:
             log.warning(
                 "sequencer.clock_behind_log",
@@ -379,7 +385,7 @@ class Sequencer(Generic[EgressT]):
         far in the future as the step: timers would stop for its whole length. A next
         timer further away than the widest spacing is brought back to one spacing from
         now. (Consensus time itself never goes back: it holds until the clock passes it.)"""
-        widest = max(self.settings.idle_timer_interval_ms, self.settings.timer_interval_ms)
+        widest = self.settings.widest_timer_spacing_ms
         if self._next_timer_ms > now_ms + widest:
             log.warning(
                 "sequencer.clock_stepped_back",
@@ -398,5 +404,5 @@ class Sequencer(Generic[EgressT]):
     def _idle_timer_cadence(self) -> None:
         """A timer entry with no command beside it produced nothing: space the next
         ones wider (the next timer is already scheduled at the current spacing)."""
-        widest = max(self.settings.idle_timer_interval_ms, self.settings.timer_interval_ms)
+        widest = self.settings.widest_timer_spacing_ms
         self._timer_spacing_ms = min(2 * self._timer_spacing_ms, widest)
