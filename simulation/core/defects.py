@@ -37,12 +37,20 @@ TRUSTS_UNANSWERED_APPEND = "trusts-unanswered-append"
 
 # The admin API sends an operator's controls without a request id or a control version
 # (as before `operator_controls.py` checked them): a late copy of a halt is decided
-# after the resume that followed it (the late halt `oms sim --seed 852` found).
+# after the resume that followed it (the late halt seed 852 found, as the simulation
+# ran before its watches were modelled).
 OPERATOR_UNPINNED = "operator-unpinned"
+
+# A follower whose watch broke or was compacted watches again from the revision after
+# the last change it saw, without reading the range first (as `LogFollower` does):
+# once a compaction has passed that revision, etcd refuses the watch every time and
+# the follower never catches up.
+FOLLOWER_RESUMES_WATCH = "follower-resumes-watch"
 
 DEFECTS: tuple[str, ...] = (
     ACK_BEFORE_APPEND,
     BRIDGE_FORGETS_IN_FLIGHT,
+    FOLLOWER_RESUMES_WATCH,
     IGNORES_EGRESS_FLOOR,
     LANDS_BEFORE_LETTING_GO,
     OPERATOR_UNPINNED,

@@ -1,4 +1,5 @@
-"""etcd as the mesh uses it: leases, a leader key per group, the fenced log, compaction.
+"""etcd as the mesh uses it: leases, a leader key per group, the fenced log, watches,
+the compaction of its history.
 
 - A lease lives `ttl_ms` of simulated time after its last keep-alive; an expired
   lease deletes the keys attached to it (the leader key).
@@ -15,20 +16,36 @@
   promotes the leases). An append sent in the outage's first moments may commit
   though its caller hears nothing; the caller's retry then finds its own record there
   (the real append's key-absent guard, read back) and takes it as appended.
-Reads are polls of the current state: a watch delivers the same records in order
-(watch restarts and history compaction are not modelled).
+- Every change has a revision, and a group's changes to its records (a put per
+  append, a delete per record truncated) stay in the history until a compaction at a
+  revision drops those before it (the whole store's, as etcd compacts: one group's
+  leader compacts every group's history). A watch from a revision delivers the
+  changes from there in revision order. While its reader keeps up (synced) a change
+  is sent as it commits; a reader that lets `WATCH_BUFFER_RESPONSES` revisions' changes
+  wait (a paused process) falls behind (unsynced) and is caught up from the history when it
+  reads again, unless a compaction went past it: then it is cancelled with
+  `WatchCompacted` (etcd's `compact_revision`), and one asked from before the
+  compacted revision is refused so at once. A broken watch (`break_watch`) raises
+  `WatchBroken` at its next read. An outage does not end a watch: no change commits.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from simulation.core.scheduler import Scheduler
 
 # An append sent within this long of an outage's start may have reached etcd's leader
 # before it lost its quorum: committed, unanswered.
 UNKNOWN_APPEND_WINDOW_MS = 20
+# Revisions' changes (watch responses) a watch holds for a reader that does not read
+# before it falls behind. etcd's is 128 (`chanBufLen`), plus what gRPC's flow control
+# lets through, against thousands of appends a second; a group here appends a few
+# dozen a second (time is compressed, as `SimConfig.snapshot_entries` is), so a
+# pause of a few hundred ms does here what a GC pause of a second does there.
+WATCH_BUFFER_RESPONSES = 16
 
 
 class LogCompacted(LookupError):
@@ -37,6 +54,50 @@ class LogCompacted(LookupError):
 
 class EtcdUnavailable(ConnectionError):
     """etcd has no quorum: the call is not answered (`CoordinationUnavailable`)."""
+
+
+class WatchCompacted(LookupError):
+    """The history a watch needs is compacted away (`RevisionCompacted`)."""
+
+    def __init__(self, compacted_revision: int) -> None:
+        super().__init__(f"etcd history compacted below revision {compacted_revision}")
+        self.compacted_revision = compacted_revision
+
+
+class WatchBroken(ConnectionError):
+    """The watch's stream ended (`CoordinationUnavailable`: etcd ended the watch stream)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordChange:
+    """One change to a group's record keys, as a watch delivers it."""
+
+    revision: int
+    kind: str  # "put" (an append) or "delete" (a truncation)
+    first_position: int
+    data: bytes  # the record, for a put
+
+
+@dataclass(slots=True)
+class SimWatch:
+    group: str
+    next_revision: int  # the first revision not yet handed to the watch's buffer
+    buffered: deque[RecordChange] = field(default_factory=deque)
+    responses: int = 0  # the revisions buffered
+    synced: bool = True
+    broken: bool = False
+    closed: bool = False
+
+    def buffer(self, change: RecordChange) -> bool:
+        """Hold `change` for the reader; False when the buffer is full."""
+        buffered = self.buffered
+        if not buffered or buffered[-1].revision != change.revision:
+            if self.responses >= WATCH_BUFFER_RESPONSES:
+                return False
+            self.responses += 1
+        buffered.append(change)
+        self.next_revision = change.revision + 1
+        return True
 
 
 @dataclass(slots=True)
@@ -81,6 +142,13 @@ class SimEtcd:
         self.refusals = 0
         self.unanswered_commits = 0
         self.own_appends_found = 0
+        self.history: dict[str, list[RecordChange]] = {}  # group -> its changes, in order
+        self.compacted_revision = 0
+        self.watches: dict[str, list[SimWatch]] = {}
+        self.compactions = 0
+        self.watches_created = 0
+        self.watches_compacted = 0
+        self.watches_fell_behind = 0
 
     # --- availability ------------------------------------------------------------------
 
@@ -192,9 +260,7 @@ class SimEtcd:
         if key is None or key.create_revision != fence or first != self.log_end(group) + 1:
             self.fenced_appends += 1
             return False
-        self.revision += 1
-        self.appends += 1
-        self.logs.setdefault(group, []).append(StoredRecord(first, last, fence, data))
+        self._append_record(group, StoredRecord(first, last, fence, data))
         return True
 
     def _maybe_commit_unanswered(
@@ -209,10 +275,14 @@ class SimEtcd:
         if key is None or key.create_revision != fence or first != self.log_end(group) + 1:
             return
         self._committed_in_outage.add(group)
+        self.unanswered_commits += 1
+        self._append_record(group, StoredRecord(first, last, fence, data))
+
+    def _append_record(self, group: str, record: StoredRecord) -> None:
         self.revision += 1
         self.appends += 1
-        self.unanswered_commits += 1
-        self.logs.setdefault(group, []).append(StoredRecord(first, last, fence, data))
+        self.logs.setdefault(group, []).append(record)
+        self._changed(group, RecordChange(self.revision, "put", record.first_position, record.data))
 
     def read(self, group: str, from_position: int, limit: int) -> list[StoredRecord]:
         self._answer()
@@ -238,6 +308,86 @@ class SimEtcd:
             keep += 1
         if keep:
             self.truncated_through[group] = records[keep - 1].last_position
-            del records[:keep]
             self.revision += 1
+            for record in records[:keep]:
+                self._changed(
+                    group, RecordChange(self.revision, "delete", record.first_position, b"")
+                )
+            del records[:keep]
         return keep
+
+    # --- watches and compaction ----------------------------------------------------------
+
+    def _changed(self, group: str, change: RecordChange) -> None:
+        self.history.setdefault(group, []).append(change)
+        for watch in self.watches.get(group, ()):
+            if not watch.synced:
+                continue
+            if not watch.buffer(change):
+                watch.synced = False  # its reader is behind: caught up from the history
+                self.watches_fell_behind += 1
+
+    def watch(self, group: str, from_revision: int) -> SimWatch:
+        """The changes to `group`'s records from `from_revision` on."""
+        self._answer()
+        if from_revision < self.compacted_revision:
+            self.watches_compacted += 1
+            raise WatchCompacted(self.compacted_revision)
+        watch = SimWatch(group, from_revision, synced=False)
+        self._catch_up(watch)
+        self.watches.setdefault(group, []).append(watch)
+        self.watches_created += 1
+        return watch
+
+    def changes(self, watch: SimWatch) -> list[RecordChange]:
+        """What the watch delivered since its last read (its reader's next turn)."""
+        if watch.broken:
+            self.close(watch)
+            raise WatchBroken(f"{watch.group}: etcd ended the watch stream")
+        if not watch.synced:
+            if watch.next_revision < self.compacted_revision:
+                self.close(watch)
+                self.watches_compacted += 1
+                raise WatchCompacted(self.compacted_revision)
+            self._catch_up(watch)
+        delivered = list(watch.buffered)
+        watch.buffered.clear()
+        watch.responses = 0
+        return delivered
+
+    def _catch_up(self, watch: SimWatch) -> None:
+        history = self.history.get(watch.group, [])
+        low, high = 0, len(history)
+        while low < high:  # the first change at or after the watch's next revision
+            middle = (low + high) // 2
+            if history[middle].revision < watch.next_revision:
+                low = middle + 1
+            else:
+                high = middle
+        for change in history[low:]:
+            if not watch.buffer(change):
+                return  # still behind: the rest at its next read
+        watch.synced = True
+
+    def break_watch(self, watch: SimWatch) -> None:
+        watch.broken = True
+
+    def close(self, watch: SimWatch) -> None:
+        """The watch cancelled (its reader stopped, or it ended)."""
+        if not watch.closed:
+            watch.closed = True
+            self.watches[watch.group].remove(watch)
+
+    def compact(self, revision: int) -> None:
+        """Drop the history before `revision` (every group's); raises `WatchCompacted`
+        when it is already compacted that far (the host ignores it)."""
+        self._answer()
+        if revision <= self.compacted_revision:
+            raise WatchCompacted(self.compacted_revision)
+        self.compacted_revision = revision
+        self.compactions += 1
+        for _group, history in self.history.items():
+            keep = 0
+            while keep < len(history) and history[keep].revision < revision:
+                keep += 1
+            del history[:keep]

@@ -26,6 +26,9 @@ STORE_UNKNOWN = "store_unknown"  # the commit's outcome is not known to the call
 STORE_DOWN = "store_down"  # the database unreachable for a while
 # etcd: its quorum lost for a while (every call unanswered, leases standing still).
 ETCD_DOWN = "etcd_down"
+# etcd's history compacted at its revision now by someone other than a leader (an
+# operator's `etcdctl compact`, etcd's own auto-compaction): watches behind it end.
+ETCD_COMPACT = "etcd_compact"
 # Routing: a user moved to another shard group while it trades (two epochs).
 USER_MOVE = "user_move"
 # An operator at the admin API: a user's trading halted, its risk limits tightened
@@ -41,6 +44,7 @@ FAULT_KINDS: tuple[str, ...] = (
     DELAY,
     DROP,
     DUPLICATE,
+    ETCD_COMPACT,
     ETCD_DOWN,
     OPERATOR,
     PAUSE,
@@ -55,6 +59,7 @@ FAULT_KINDS: tuple[str, ...] = (
 PROCESS_FAULTS: tuple[str, ...] = (
     CLOCK_STEP,
     CRASH,
+    ETCD_COMPACT,
     ETCD_DOWN,
     PAUSE,
     SNAPSHOT_CORRUPT,

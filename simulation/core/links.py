@@ -2,9 +2,9 @@
 
 - A unary call (a client's request, a persister's answer) may be dropped, duplicated,
   delayed long enough to overtake later calls.
-- A stream (gRPC over TCP: the bridge's streams) delivers in order and loses nothing
-  while it lasts; a break loses whatever was in flight, and the sender sees the break
-  and resumes the way the real service does.
+- A stream (gRPC over TCP: the bridge's streams, a follower's etcd watch) delivers in
+  order and loses nothing while it lasts; a break loses whatever was in flight, and
+  the sender sees the break and resumes the way the real service does.
 """
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ class Network:
 
     def _happens(self, kind: str, rate_ppm: int) -> bool:
         return self.plan.on(kind) and self.rng.randrange(1_000_000) < rate_ppm
+
+    def breaks(self, name: str) -> bool:
+        """Whether the stream `name` breaks now (noted as a fault when it does)."""
+        if not self._happens(STREAM_BREAK, self.plan.stream_break_ppm):
+            return False
+        self.log.note(self.scheduler.now_ms, STREAM_BREAK, name)
+        return True
 
     def _delay_ms(self, name: str) -> int:
         delay = 1 + self.rng.randrange(3)
@@ -75,8 +82,7 @@ class Stream:
         if self.broken:
             return False
         network.messages += 1
-        if network._happens(STREAM_BREAK, network.plan.stream_break_ppm):
-            network.log.note(network.scheduler.now_ms, STREAM_BREAK, self.name)
+        if network.breaks(self.name):
             self.break_now()
             return False
         at = max(network.scheduler.now_ms + network._delay_ms(self.name), self._last_delivery_ms)

@@ -19,7 +19,7 @@ row beyond the copies of its commands a leader took (none the log did not decide
 none written twice), no request changing a user twice (copies after the first are
 answered as `duplicate`), and no user is left halted or limited. Before requests had
 ids and versions, a late copy of a halt was decided after the resume that followed
-it and left the user halted (seed 852; planted again by `--defect operator-unpinned`).
+it and left the user halted (seed 852 then; planted again by `--defect operator-unpinned`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """One replica of a shard or matcher group: the real `Replica` over the simulated etcd log.
 
 It does what `services/runtime/replicated_host.py` does, step by step:
-- a replica boots from its newest valid snapshot, then follows the log in etcd,
-  applying every record (checksummed `LogBatch` bytes) through the real `Replica`,
-  which checks the leader's state hashes at CHECKPOINT entries;
+- a replica boots from its newest valid snapshot, then follows the log in etcd as
+  `LogFollower` does: it reads the records to the log's end, watches their keys from
+  the revision that read saw, and applies each change that follows on (checksummed
+  `LogBatch` bytes, through the real `Replica`, which checks the leader's state hashes
+  at CHECKPOINT entries); a change that does not follow on reads the range again at
+  once, a broken or compacted watch (or a read etcd does not answer) after
+  `REREAD_MS`;
 - when the group has no leader it campaigns; the winner reads the log to its end and
   only then leads: it batches the commands it was sent, adds TIMER entries on its
   clock and CHECKPOINT entries for the hashes it recorded, appends the record
@@ -15,12 +19,14 @@ It does what `services/runtime/replicated_host.py` does, step by step:
   follower reads again on its next tick; a process that cannot read the log at its
   start ends and is started again by its supervisor;
 - every few records it writes a snapshot, and the leader truncates the log behind
-  the oldest snapshot any live replica still keeps; a replica whose position was
-  truncated installs a peer's snapshot.
+  the oldest snapshot any live replica still keeps, then compacts etcd's history at
+  most every `COMPACT_INTERVAL_MS`; a replica whose position was truncated installs a
+  peer's snapshot.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -41,18 +47,30 @@ from services.shard.core.errors import ShardInvariantError
 from services.shard.core.shard_machine import ShardMachine
 from simulation.core.defects import (
     ACK_BEFORE_APPEND,
+    FOLLOWER_RESUMES_WATCH,
     IGNORES_EGRESS_FLOOR,
     TRUSTS_UNANSWERED_APPEND,
     UNCHECKED_SNAPSHOTS,
 )
-from simulation.core.etcd_model import EtcdUnavailable, LogCompacted
+from simulation.core.etcd_model import (
+    EtcdUnavailable,
+    LogCompacted,
+    RecordChange,
+    SimWatch,
+    WatchBroken,
+    WatchCompacted,
+)
 from simulation.core.replica_disk import ReplicaDisk, SnapshotFile
 
 if TYPE_CHECKING:
     from simulation.core.world import SimWorld
 
 TICK_MS = 2  # a leader batches what arrived within this
-FOLLOWER_TICK_MS = 5  # a follower's watch: records arrive at most this late
+FOLLOWER_TICK_MS = 5  # a follower reads what its watch delivered this often
+REREAD_MS = 200  # `log_follower.RETRY_S`: after a broken or compacted watch
+# As `ReplicationSettings.compact_interval_s` (30 s there, against snapshots every
+# 200,000 entries; the simulation snapshots every few hundred).
+COMPACT_INTERVAL_MS = 1_000
 LEASE_TTL_MS = 1_000
 TIMER_INTERVAL_MS = 100
 CHECKPOINT_INTERVAL_ENTRIES = 16
@@ -90,6 +108,7 @@ class GroupReplica:
         self.fence: int | None = None
         self.lease: int | None = None
         self.pending: list[Any] = []
+        self.watch: SimWatch | None = None  # the follower's watch of the log's keys
         self.boot()
 
     # --- what a kind of machine adds -----------------------------------------------
@@ -119,6 +138,10 @@ class GroupReplica:
         self.last_timer_ms = 0
         self.in_flight: tuple[LogBatch, bytes] | None = None  # an append being retried
         self.unanswered_since_ms: int | None = None
+        self._stop_watching()
+        self.reread_at_ms = 0
+        self.resume_revision = 0  # after the last change seen (the planted defect's)
+        self.compacted_at_ms: int | None = None
         try:
             self._recover()
         except EtcdUnavailable:
@@ -140,7 +163,7 @@ class GroupReplica:
             return
         # As `RuntimeNode.recover`: the log replayed to its end, then, if the egress
         # floor is still before the snapshot, again from the newest one at or before it.
-        self._follow(to_end=True)
+        self._read_to_end()
         floor = self.egress_floor()
         if self.stopped is None and file is not None and floor is not None:
             first = self.world.etcd.truncated_through.get(self.group, 0) + 1
@@ -151,7 +174,7 @@ class GroupReplica:
                     self.world.figures["replays_for_egress"] += 1
                     if not self._restore(older):
                         return
-                    self._follow(to_end=True)
+                    self._read_to_end()
         self._schedule_tick(1)
 
     def _restore(self, file: SnapshotFile | None) -> bool:
@@ -197,6 +220,7 @@ class GroupReplica:
         if self.fence is not None:
             self.fence = None  # its lease expires by itself: nobody resigns for a dead process
         self.pending = []
+        self._stop_watching()  # its connections reset: etcd cancels its watch
 
     def restart(self) -> None:
         if self.stopped is None:
@@ -234,18 +258,74 @@ class GroupReplica:
         if self.fence is not None:
             self._lead()
             return
+        self._follow()
+        if self.stopped is not None or incarnation != self.incarnation:
+            return
         try:
             if self.lease is None or not etcd.keep_alive(self.lease):
                 self.lease = etcd.grant(LEASE_TTL_MS)
-            self._follow()
-            if self.stopped is None and incarnation == self.incarnation:
-                self._campaign()
+            self._campaign()
         except EtcdUnavailable:
             pass  # asked again on the next tick
 
     # --- follower --------------------------------------------------------------------
 
-    def _follow(self, to_end: bool = False) -> None:
+    def _follow(self) -> None:
+        """One turn of `LogFollower.run`: the range read to the end and a watch from the
+        revision it saw, or the changes the watch delivered since the last turn."""
+        world = self.world
+        etcd = world.etcd
+        now = world.scheduler.now_ms
+        if now < self.reread_at_ms:
+            return
+        try:
+            while self.stopped is None:
+                if self.watch is None:
+                    if world.config.defect == FOLLOWER_RESUMES_WATCH and self.resume_revision:
+                        self.watch = etcd.watch(self.group, self.resume_revision)
+                        continue
+                    world.figures["follower_range_reads"] += 1
+                    self._read_to_end()
+                    if self.stopped is not None:
+                        return
+                    self.watch = etcd.watch(self.group, etcd.revision + 1)
+                changes = etcd.changes(self.watch)
+                if changes and world.network.breaks(f"watch {self.name}"):
+                    etcd.break_watch(self.watch)  # what it delivered is lost with it
+                    continue
+                if not self._apply_changes(changes):
+                    return
+                # A change that does not follow on: read the range again.
+                world.figures["follower_watch_gaps"] += 1
+                self._stop_watching()
+        except (EtcdUnavailable, WatchCompacted, WatchBroken) as error:
+            world.figures[f"follower_rereads_{type(error).__name__}"] += 1
+            self._stop_watching()
+            self.reread_at_ms = now + REREAD_MS
+
+    def _apply_changes(self, changes: list[RecordChange]) -> bool:
+        """Apply the puts that follow on; True at one that does not (a gap)."""
+        for change in changes:
+            self.resume_revision = change.revision + 1
+            if change.kind != "put":
+                continue  # the leader truncating what every replica has snapshotted
+            expected = self.replica.applied_position + 1
+            if change.first_position < expected:
+                continue  # already applied (a range read overlapped the watch)
+            if change.first_position > expected:
+                return True
+            self._apply_record(change.data, leading=False)
+            if self.stopped is not None:
+                return False
+        return False
+
+    def _stop_watching(self) -> None:
+        if self.watch is not None:
+            self.world.etcd.close(self.watch)
+        self.watch = None
+
+    def _read_to_end(self) -> None:
+        """Range reads from the applied position to the log's end (`read_records`)."""
         etcd = self.world.etcd
         while True:
             try:
@@ -258,7 +338,7 @@ class GroupReplica:
                 self._apply_record(record.data, leading=False)
                 if self.stopped is not None:
                     return
-            if not to_end or len(records) < RECORDS_PER_READ:
+            if len(records) < RECORDS_PER_READ:
                 return
 
     def _install_from_peer(self) -> bool:
@@ -296,9 +376,10 @@ class GroupReplica:
         fence = etcd.campaign(self.group, self.name, self.lease)
         if fence is None:
             return
-        # Nobody else can append now: read to the end, then lead.
+        # Nobody else can append now: the follower stopped, read to the end, then lead.
+        self._stop_watching()
         try:
-            self._follow(to_end=True)
+            self._read_to_end()
         except EtcdUnavailable:
             self._restart_as_follower("log unavailable after winning")
             return
@@ -421,9 +502,22 @@ class GroupReplica:
             if incarnation == self.incarnation:
                 self.disk.sync(file, self.egress_floor())
                 if self.leading:
-                    self.world.truncate_log(self.group)
+                    self._truncate_and_compact()
 
         self.world.scheduler.after(SNAPSHOT_SYNC_DELAY_MS, f"sync {self.name}", synced)
+
+    def _truncate_and_compact(self) -> None:
+        """As `ReplicatedHost._snapshot_published`: the records every live replica is
+        past deleted, then now and then etcd's history compacted at the revision seen."""
+        if not self.world.truncate_log(self.group):
+            return
+        now = self.world.scheduler.now_ms
+        if self.compacted_at_ms is not None and now - self.compacted_at_ms < COMPACT_INTERVAL_MS:
+            return
+        self.compacted_at_ms = now
+        etcd = self.world.etcd
+        with contextlib.suppress(EtcdUnavailable, WatchCompacted):
+            etcd.compact(etcd.revision)
 
 
 class ShardReplica(GroupReplica):

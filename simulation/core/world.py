@@ -40,10 +40,11 @@ from services.shard.core.settings import SymbolSettings as ShardSymbol
 from services.shard.core.user_state import UserState
 from simulation.core.bridge_model import SimBridge
 from simulation.core.clients import SimClients
-from simulation.core.etcd_model import EtcdUnavailable, SimEtcd
+from simulation.core.etcd_model import EtcdUnavailable, SimEtcd, WatchCompacted
 from simulation.core.faults import (
     CLOCK_STEP,
     CRASH,
+    ETCD_COMPACT,
     ETCD_DOWN,
     NO_FAULTS,
     PAUSE,
@@ -171,6 +172,7 @@ class SimWorld:
         self.routing_epochs: dict[str, int] = {}
         self._trace = hashlib.sha256()
         self.lifecycle_seen = 0
+        self._log_ends_a_round_ago: dict[str, int] = {}  # while settling
         users = tuple(range(1, config.users + 1))
         for user in users:
             self.store.users[user] = StoredUser(UserState(user))
@@ -300,13 +302,19 @@ class SimWorld:
                 f"{earlier[1]} {earlier[0].hex()[:16]}",
             )
 
-    def truncate_log(self, group: str) -> None:
-        """The leader deletes records every live replica is past (their oldest snapshot)."""
+    def truncate_log(self, group: str) -> int:
+        """The leader deletes records every live replica is past (their oldest
+        snapshot); how many went."""
         live = [n for n in self.replicas[group] if n.alive and n.stopped is None]
         floor = min((n.disk.log_needed_after(n.egress_floor()) for n in live), default=0)
-        if floor > 0:
-            with contextlib.suppress(EtcdUnavailable):  # the next snapshot truncates
-                self.figures["log_records_truncated"] += self.etcd.truncate_before(group, floor + 1)
+        if floor <= 0:
+            return 0
+        try:
+            deleted = self.etcd.truncate_before(group, floor + 1)
+        except EtcdUnavailable:
+            return 0  # the next snapshot truncates
+        self.figures["log_records_truncated"] += deleted
+        return deleted
 
     def crash_between_append_and_apply(self, node: GroupReplica) -> bool:
         if not self.plan.on(CRASH) or self.rng.randrange(1_000_000) >= MID_APPEND_CRASH_PPM:
@@ -373,6 +381,10 @@ class SimWorld:
             self.faults.note(now, ETCD_DOWN, f"until {self.etcd.down_until_ms}")
             for group in self.replicas:
                 self.last_fault[group] = ETCD_DOWN
+        elif kind == ETCD_COMPACT:
+            with contextlib.suppress(EtcdUnavailable, WatchCompacted):
+                self.etcd.compact(self.etcd.revision)
+                self.faults.note(now, ETCD_COMPACT, f"at revision {self.etcd.revision}")
         elif kind == STORE_DOWN:
             self.store.down_until_ms = now + rng.randrange(*STORE_DOWN_MS)
             self.faults.note(now, STORE_DOWN, f"until {self.store.down_until_ms}")
@@ -521,11 +533,13 @@ class SimWorld:
                 process.restart()
         deadline = now + SETTLE_DEADLINE_MS
         next_round = now
+        self._log_ends_a_round_ago = {group: self.etcd.log_end(group) for group in self.replicas}
         while self.scheduler.now_ms < deadline and not self.violations:
             if self.scheduler.now_ms >= next_round:
                 next_round = self.scheduler.now_ms + SETTLE_ROUND_MS
                 if self._settled():
                     return
+                self._log_ends_a_round_ago = {g: self.etcd.log_end(g) for g in self.replicas}
                 self.waves.settle_round()
                 self.operator.settle_round()
                 self._cancel_open_orders()
@@ -571,6 +585,16 @@ class SimWorld:
             leader = self.leading_replica(group)
             if leader is None:
                 return f"{group} has no leader"
+        # Every replica keeps up: it has applied what the log held a round ago (its
+        # watch delivers what the leader appends; the leader appends timers meanwhile).
+        for group in sorted(self.replicas):
+            end = self._log_ends_a_round_ago.get(group, 0)
+            for node in self.replicas[group]:
+                if node.alive and node.stopped is None and node.replica.applied_position < end:
+                    return (
+                        f"{node.name} at {node.replica.applied_position}, behind the log's"
+                        f" end a round before ({end})"
+                    )
         return ""
 
     # --- the audit -----------------------------------------------------------------------
@@ -656,6 +680,10 @@ class SimWorld:
                 "etcd_refusals": self.etcd.refusals,
                 "etcd_unanswered_commits": self.etcd.unanswered_commits,
                 "etcd_own_appends_found": self.etcd.own_appends_found,
+                "etcd_compactions": self.etcd.compactions,
+                "etcd_watches_created": self.etcd.watches_created,
+                "etcd_watches_compacted": self.etcd.watches_compacted,
+                "etcd_watches_fell_behind": self.etcd.watches_fell_behind,
                 "messages": self.network.messages,
                 "store_committed": self.store.outcomes["committed"],
                 "store_aborted": self.store.outcomes["aborted"],

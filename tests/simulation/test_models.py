@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import random
 
-from simulation.core.etcd_model import EtcdUnavailable, LogCompacted, SimEtcd
+from simulation.core.etcd_model import (
+    WATCH_BUFFER_RESPONSES,
+    EtcdUnavailable,
+    LogCompacted,
+    SimEtcd,
+    WatchBroken,
+    WatchCompacted,
+)
 from simulation.core.faults import NO_FAULTS, STORE_UNKNOWN, FaultLog, FaultPlan
 from simulation.core.replica_disk import ReplicaDisk
 from simulation.core.scheduler import Scheduler
@@ -134,3 +141,85 @@ def test_an_append_in_an_outages_first_moments_may_commit_unanswered() -> None:
         assert etcd.append("s1", fence, 1, 1, b"r1")  # the retry: appended either way
         assert [r.data for r in etcd.read("s1", 1, 10)] == [b"r1"]  # once
     assert 0 < committed < 20  # both happen
+
+
+def _leading(etcd: SimEtcd) -> int:
+    fence = etcd.campaign("s1", "a", etcd.grant(1_000))
+    assert fence is not None
+    return fence
+
+
+def test_a_watch_delivers_appends_and_truncations_in_revision_order() -> None:
+    """From a past revision too: what the history holds, then what commits."""
+    etcd = SimEtcd(Scheduler())
+    fence = _leading(etcd)
+    assert etcd.append("s1", fence, 1, 2, b"r1")
+    since = etcd.revision + 1
+    assert etcd.append("s1", fence, 3, 3, b"r2")
+    watch = etcd.watch("s1", since)
+    assert etcd.append("s1", fence, 4, 5, b"r3")
+    assert etcd.truncate_before("s1", 4) == 2  # one revision, a delete per record
+    changes = etcd.changes(watch)
+    assert [(c.kind, c.first_position, c.data) for c in changes] == [
+        ("put", 3, b"r2"),
+        ("put", 4, b"r3"),
+        ("delete", 1, b""),
+        ("delete", 3, b""),
+    ]
+    assert changes[2].revision == changes[3].revision == etcd.revision
+    assert etcd.changes(watch) == []
+    etcd.break_watch(watch)
+    try:
+        etcd.changes(watch)
+    except WatchBroken:
+        pass
+    else:
+        raise AssertionError("a broken watch went on")
+
+
+def test_a_compaction_ends_the_watches_behind_it_and_spares_those_that_keep_up() -> None:
+    etcd = SimEtcd(Scheduler())
+    fence = _leading(etcd)
+    reader = etcd.watch("s1", etcd.revision + 1)
+    sleeper = etcd.watch("s1", etcd.revision + 1)
+    first = etcd.revision + 1
+    for position in range(1, WATCH_BUFFER_RESPONSES + 3):  # more than a buffer holds
+        assert etcd.append("s1", fence, position, position, b"r%d" % position)
+        assert [c.first_position for c in etcd.changes(reader)] == [position]
+    etcd.compact(etcd.revision)
+    # The reader kept up (every change was sent as it committed): it goes on.
+    assert etcd.append("s1", fence, WATCH_BUFFER_RESPONSES + 3, WATCH_BUFFER_RESPONSES + 3, b"x")
+    assert len(etcd.changes(reader)) == 1
+    # The sleeper let its buffer fill, fell behind, and the compaction passed it.
+    for watch_from in (sleeper, None):
+        try:
+            if watch_from is None:
+                etcd.watch("s1", first)  # and a watch asked from before it is refused
+            else:
+                etcd.changes(watch_from)
+        except WatchCompacted as error:
+            assert error.compacted_revision == etcd.compacted_revision
+        else:
+            raise AssertionError("history before the compaction was delivered")
+    try:
+        etcd.compact(etcd.compacted_revision)
+    except WatchCompacted:
+        pass
+    else:
+        raise AssertionError("compacted twice at one revision")
+
+
+def test_a_watch_behind_but_not_compacted_is_caught_up_from_the_history() -> None:
+    etcd = SimEtcd(Scheduler())
+    fence = _leading(etcd)
+    watch = etcd.watch("s1", etcd.revision + 1)
+    last = 3 * WATCH_BUFFER_RESPONSES
+    for position in range(1, last + 1):
+        assert etcd.append("s1", fence, position, position, b"r")
+    delivered: list[int] = []
+    while len(delivered) < last:
+        batch = etcd.changes(watch)
+        assert 0 < len(batch) <= WATCH_BUFFER_RESPONSES
+        delivered += [c.first_position for c in batch]
+    assert delivered == list(range(1, last + 1))
+    assert etcd.watches_fell_behind == 1

@@ -27,6 +27,11 @@ from simulation.core.world import SimConfig, SimWorld
 from simulation.report_text import run_text
 
 OPERATING = FaultPlan().only(frozenset({OPERATOR, CRASH, DROP, DELAY, DUPLICATE, USER_MOVE, SCALE}))
+# An operator's commands duplicated and delayed ten times as often as by default: late
+# copies (the planted control finds a late halt in seeds 4, 7, 25 and 33 of 1-40).
+LATE_COPIES = FaultPlan(duplicate_ppm=200_000, delay_ppm=200_000).only(
+    frozenset({OPERATOR, DUPLICATE, DELAY})
+)
 
 
 def test_operator_decisions_are_audited_once_and_lifted_under_faults() -> None:
@@ -42,20 +47,27 @@ def test_operator_decisions_are_audited_once_and_lifted_under_faults() -> None:
     assert world.operator.idle
 
 
-def test_seed_852_which_found_the_late_halt_runs_clean() -> None:
+def test_late_copies_of_a_halt_change_nothing() -> None:
     """Mended (README, "The whole mesh, simulated", item 5): a halt delivered twice, one
     copy decided at once, the user resumed, the late copy decided after the resume left
-    the user halted. Controls now carry the request's id and the control version they
-    were read at: the late copy is refused CONTROL_VERSION_STALE."""
-    config = SimConfig(seed=852, steps=20_000, markets=load_catalog().markets)
+    the user halted (seed 852 of the default plan found it, as the simulation ran then).
+    Controls now carry the request's id and the control version they were read at: the
+    late copy is refused CONTROL_VERSION_STALE. Seed 4 of a plan where an operator's
+    commands are often duplicated and delayed runs clean."""
+    config = SimConfig(seed=4, steps=20_000, markets=load_catalog().markets, plan=LATE_COPIES)
     result = SimWorld(config).run()
     assert result.ok, run_text(config, result, trace=True)
 
 
 def test_controls_sent_unpinned_are_caught_leaving_a_user_halted() -> None:
-    """The planted control: the admin API as it was (no request id, no version)."""
+    """The planted control: the admin API as it was (no request id, no version), in the
+    same run: a late copy of a halt leaves its user halted."""
     config = SimConfig(
-        seed=852, steps=20_000, markets=load_catalog().markets, defect=OPERATOR_UNPINNED
+        seed=4,
+        steps=20_000,
+        markets=load_catalog().markets,
+        plan=LATE_COPIES,
+        defect=OPERATOR_UNPINNED,
     )
     result = SimWorld(config).run()
     assert [v.kind for v in result.violations] == ["operator-lift"], result.violations

@@ -14,6 +14,7 @@ from services.markets.catalog import load_catalog
 from simulation.core.defects import (
     ACK_BEFORE_APPEND,
     BRIDGE_FORGETS_IN_FLIGHT,
+    FOLLOWER_RESUMES_WATCH,
     IGNORES_EGRESS_FLOOR,
     LANDS_BEFORE_LETTING_GO,
     PERSISTER_TRUSTS_UNKNOWN,
@@ -34,6 +35,7 @@ from simulation.core.faults import (
 )
 from simulation.core.shrink import shrink
 from simulation.core.world import SimConfig, SimResult, run
+from tests.simulation.test_etcd_watches import COMPACTIONS
 
 # Process faults five times as often, without database outages (they were left out
 # while the egress-gap defect they exposed was open; it is mended, and OUTAGES has them).
@@ -69,7 +71,7 @@ def _first_failure(defect: str, seeds: tuple[int, ...], plan: FaultPlan) -> SimR
         (ACK_BEFORE_APPEND, (1, 2, 3), ZOMBIES, {"audit", "hash-divergence", "replica-stopped"}),
         # A flipped bit in a snapshot read back at a restart: the restore fails, or the
         # state differs from its peers' at the next checkpoint.
-        (UNCHECKED_SNAPSHOTS, (2, 3), HARSH, {"replica-stopped", "hash-divergence"}),
+        (UNCHECKED_SNAPSHOTS, (5, 12), HARSH, {"replica-stopped", "hash-divergence"}),
         # Sagas lost with a matcher leader are never re-driven: users never flat again.
         (BRIDGE_FORGETS_IN_FLIGHT, (2, 3), HARSH, {"not-settled"}),
         # Replicas that keep and restart from only their newest snapshots: one restarted
@@ -84,6 +86,10 @@ def _first_failure(defect: str, seeds: tuple[int, ...], plan: FaultPlan) -> SimR
         # not commit, the leader's state left the log's (its next checkpoint), or what
         # it acknowledged is missing.
         (TRUSTS_UNANSWERED_APPEND, (1, 2), ETCD_OUTAGES, {"hash-divergence", "audit"}),
+        # A follower that watches again where it left off, without reading the range:
+        # once a compaction passed it (it was paused), etcd refuses it every time and
+        # it never catches up again.
+        (FOLLOWER_RESUMES_WATCH, (2, 4), COMPACTIONS, {"not-settled"}),
     ],
 )
 def test_a_planted_defect_is_found(
@@ -95,7 +101,15 @@ def test_a_planted_defect_is_found(
 
 def test_the_same_configs_pass_without_the_defect() -> None:
     markets = load_catalog().markets
-    configs = ((2, HARSH), (3, HARSH), (1, ZOMBIES), (6, OUTAGES), (1, ETCD_OUTAGES), (1, ROUTING))
+    configs = (
+        (5, HARSH),
+        (12, HARSH),
+        (1, ZOMBIES),
+        (6, OUTAGES),
+        (1, ETCD_OUTAGES),
+        (1, ROUTING),
+        (2, COMPACTIONS),
+    )
     for seed, plan in configs:
         result = run(SimConfig(seed=seed, steps=STEPS, markets=markets, plan=plan))
         assert result.ok, result.violations
