@@ -195,8 +195,10 @@ class SimOperator:
             world.scheduler.after(RETRY_PAUSE_MS, "operator retry", lambda: self._send(command))
         else:
             self.refused += 1
-            if not lifting and user not in self.confirmed:
-                self.on.pop(user, None)
+            # Only the refused command's own mark: a restart refused while a halt for the
+            # same user is on its way must not forget the halt (it may yet be accepted).
+            if not lifting and user not in self.confirmed and self.on.get(user) == command.action:
+                del self.on[user]
         return True
 
     # --- the checks after settling --------------------------------------------------------

@@ -71,3 +71,13 @@ def test_controls_sent_unpinned_are_caught_leaving_a_user_halted() -> None:
     )
     result = SimWorld(config).run()
     assert [v.kind for v in result.violations] == ["operator-lift"], result.violations
+
+
+def test_a_refused_restart_does_not_forget_a_halt_on_its_way() -> None:
+    """Seed 48 (the default plan): a restart and a halt of one user in flight at once,
+    the restart refused, the halt accepted after it. The operator model once dropped
+    the halt's mark with the restart's refusal, never lifted it, and flagged its own
+    halt as left on (`operator-lift`): the model's defect, not the mesh's."""
+    config = SimConfig(seed=48, steps=20_000, markets=load_catalog().markets)
+    result = SimWorld(config).run()
+    assert result.ok, run_text(config, result, trace=True)
