@@ -11,7 +11,7 @@ them, are read from PostgreSQL as of the shard's position (`order`).
 from __future__ import annotations
 
 from gateway.clusters import ShardCluster
-from gateway.errors import GatewayError
+from gateway.core.refusals import GatewayError
 from gateway.history import stored_order_view
 from gateway.hydrate_ahead import HydrateAhead
 from gateway.routing import ShardRouter

@@ -18,14 +18,14 @@ from typing import Any
 
 import grpc
 
-from gateway.acks import transfer_ack, transfer_command
 from gateway.authentication import caller
 from gateway.clusters import PersisterPool
+from gateway.core.acks import transfer_ack, transfer_command
+from gateway.core.validation import RequestValidator, check_user_id
 from gateway.key_admin import KeyAdmin
 from gateway.matcher_control import MatcherControl
 from gateway.routing import ShardRouter
 from gateway.user_admin import UserAdmin
-from gateway.validation import RequestValidator, check_user_id
 from protos.oms.v1 import gateway_pb2, matcher_pb2, persister_pb2
 
 SERVICE_NAME = "oms.v1.AdminGateway"

@@ -21,8 +21,8 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from gateway.core.refusals import GatewayError
 from gateway.credentials import READ, TRADE, CredentialDirectory, KeyHolder
-from gateway.errors import GatewayError
 from gateway.signing import (
     API_KEY_HEADER,
     SIGNATURE_HEADER,

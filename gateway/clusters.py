@@ -20,7 +20,7 @@ from itertools import count
 
 from google.protobuf.message import Message
 
-from gateway.errors import GatewayError, unavailable
+from gateway.core.refusals import GatewayError, unavailable
 from gateway.persister_client import AnswerT, PersisterClient
 from gateway.shard_endpoint import ShardEndpoint
 from gateway.statistics import GatewayCounters

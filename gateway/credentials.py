@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.clusters import PersisterPool
-from gateway.errors import GatewayError
+from gateway.core.refusals import GatewayError
 from protos.oms.v1 import common_pb2
 
 MAX_API_KEY_LENGTH = 128

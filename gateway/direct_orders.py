@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.acks import cancel_ack, cancel_command, order_ack, place_command
-from gateway.errors import GatewayError
+from gateway.core.acks import cancel_ack, cancel_command, order_ack, place_command
+from gateway.core.refusals import GatewayError
 from gateway.routing import ShardRouter
 from gateway.shard_endpoint import ShardEndpoint
 from gateway.statistics import GatewayCounters

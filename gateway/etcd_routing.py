@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import structlog
 
 from gateway.clusters import ClusterDirectory, ShardCluster
-from gateway.errors import unavailable
+from gateway.core.refusals import unavailable
 from gateway.routing import ShardRoute
 from gateway.statistics import GatewayCounters
 from services.coordination.errors import CoordinationUnavailable

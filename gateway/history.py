@@ -14,10 +14,10 @@ import base64
 import binascii
 import hashlib
 
-from gateway.errors import GatewayError, invalid_field, out_of_range
+from gateway.core.refusals import GatewayError, invalid_field, out_of_range
+from gateway.core.validation import RequestValidator
 from gateway.persister_client import PersisterClient
 from gateway.routing import ShardRouter
-from gateway.validation import RequestValidator
 from protos.oms.v1 import common_pb2, gateway_pb2, persister_pb2
 from services.markets.catalog import Market
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import structlog
 
-from gateway.errors import GatewayError
+from gateway.core.refusals import GatewayError
 from gateway.persister_client import PersisterClient
 from gateway.routing import Routing
 from gateway.statistics import GatewayCounters

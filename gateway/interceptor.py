@@ -30,8 +30,8 @@ from gateway.authentication import (
     caller,
     count_error,
 )
+from gateway.core.refusals import GatewayError, deadline_passed
 from gateway.credentials import KeyHolder
-from gateway.errors import GatewayError, deadline_passed
 from gateway.signing import REASON_TRAILER
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import gateway_pb2
@@ -70,7 +70,7 @@ class RefusalLog:
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: GatewayError) -> None:
     trailer = ((REASON_TRAILER, error.reason_name),) if error.reason else ()
-    await context.abort(error.code, error.detail, trailing_metadata=trailer)
+    await context.abort(grpc.StatusCode[error.status], error.detail, trailing_metadata=trailer)
 
 
 class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

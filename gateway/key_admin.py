@@ -18,9 +18,9 @@ from typing import Any
 
 from gateway.authentication import caller
 from gateway.clusters import PersisterPool
+from gateway.core.refusals import invalid_field
+from gateway.core.validation import check_user_id
 from gateway.credentials import MAX_API_KEY_LENGTH
-from gateway.errors import invalid_field
-from gateway.validation import check_user_id
 from protos.oms.v1 import common_pb2, gateway_pb2, persister_pb2
 
 Context = Any  # grpc.aio.ServicerContext

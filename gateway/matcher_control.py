@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from gateway.errors import timed_out, unavailable
+from gateway.core.refusals import timed_out, unavailable
 from protos.oms.v1 import matcher_pb2
 from services.clients.channels import mesh_channel
 from services.clients.matcher_directory import MatcherDirectory

@@ -17,15 +17,15 @@ import grpc
 import structlog
 
 from gateway.account_queries import AccountQueries
-from gateway.acks import cancel_ack, cancel_command, order_ack, place_command
 from gateway.authentication import caller
+from gateway.core.acks import cancel_ack, cancel_command, order_ack, place_command
+from gateway.core.validation import RequestValidator
 from gateway.direct_orders import submit_directly
 from gateway.history import HistoryQueries
 from gateway.order_updates import OrderUpdateFanout
 from gateway.routing import ShardRouter
 from gateway.statistics import GatewayCounters
 from gateway.trade_stream import TradeSession
-from gateway.validation import RequestValidator
 from protos.oms.v1 import gateway_pb2, shard_pb2
 from services.observability.metrics import ACK_LATENCY
 from services.observability.tracing import trace_parent_of, tracer, tracing_enabled

@@ -30,7 +30,7 @@ import grpc
 import structlog
 
 from gateway.clusters import ShardCluster
-from gateway.errors import GatewayError, slow_consumer, unavailable
+from gateway.core.refusals import GatewayError, slow_consumer, unavailable
 from gateway.routing import Routing
 from gateway.shard_endpoint import ShardEndpoint
 from gateway.statistics import GatewayCounters

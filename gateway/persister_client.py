@@ -15,7 +15,7 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from gateway.errors import GatewayError, unavailable
+from gateway.core.refusals import GatewayError, unavailable
 from protos.oms.v1 import gateway_pb2, persister_pb2, persister_pb2_grpc
 from services.clients.channels import mesh_channel
 from services.coordination.addresses import AddressSource, FixedAddress

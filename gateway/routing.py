@@ -5,13 +5,10 @@
 `EtcdRouting` (`etcd_routing.py`) follows the routing document in etcd.
 `ShardRouter.execute` stamps the epoch on the command and sends it; the shard, the
 routing authority, answers NOT_OWNER with its own epoch when the user is not its own,
-having changed nothing, so the same command (same ids) goes again:
-
-- the shard's epoch is newer than the gateway's: wait for (or fetch) that epoch, route
-  again;
-- the gateway's epoch is newer than the shard's: the shard has not logged it yet, so
-  ask it again in a moment;
-- the user is in transit (a wave is moving it): wait for the next epoch.
+having changed nothing, so the same command (same ids) goes again as
+`gateway/core/rerouting.py` decides (a lagging shard asked again in a moment, else
+routed again once a newer epoch is known), or the user is in transit (a wave is
+moving it): wait for the next epoch.
 
 All within `reroute_s`; past it the last answer (NOT_OWNER, retryable) or UNAVAILABLE
 goes to the client, which retries with the same ids.
@@ -24,7 +21,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.clusters import ShardCluster
-from gateway.errors import unavailable
+from gateway.core.refusals import unavailable
+from gateway.core.rerouting import NotOwnerStep, after_not_owner
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import shard_pb2
 
@@ -136,11 +134,15 @@ class ShardRouter:
             if result.reject_reason != shard_pb2.SHARD_REJECT_REASON_NOT_OWNER:
                 return result
             self.counters.add("shard_not_owner")
-            if loop.time() >= deadline:
+            step = after_not_owner(
+                shard_epoch=result.routing_epoch,
+                routed_epoch=epoch,
+                budget_spent=loop.time() >= deadline,
+            )
+            if step is NotOwnerStep.ANSWER:
                 return result
-            if result.routing_epoch < epoch:
-                # The shard has not logged the gateway's epoch yet: it will in a moment.
+            if step is NotOwnerStep.ASK_AGAIN:
                 self.counters.add("shard_epoch_behind")
                 await asyncio.sleep(LAGGING_SHARD_WAIT_S)
             elif not await self.routing.newer_epoch(epoch):
-                return result  # same epoch, yet not the owner: nothing to re-route by
+                return result  # routing did not move past ours: nothing to re-route by

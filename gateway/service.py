@@ -13,6 +13,7 @@ from gateway.admin_service import SERVICE_NAME as ADMIN_SERVICE
 from gateway.admin_service import AdminService
 from gateway.authentication import Authenticator
 from gateway.clusters import ClusterDirectory, PersisterPool, parse_cluster_addresses
+from gateway.core.validation import RequestValidator
 from gateway.credentials import CredentialDirectory, KeyHolder
 from gateway.etcd_routing import EtcdRouting
 from gateway.history import HistoryQueries
@@ -25,7 +26,6 @@ from gateway.order_updates import OrderUpdateFanout
 from gateway.routing import Routing, ShardRouter, StaticRouting
 from gateway.settings import GatewaySettings
 from gateway.statistics import GatewayCounters
-from gateway.validation import RequestValidator
 from services.clients.matcher_directory import MatcherDirectory
 from services.markets.catalog import load_catalog
 from services.serving.service_host import ServicePlan

@@ -8,7 +8,7 @@ import asyncio
 
 import grpc
 
-from gateway.errors import GatewayError, timed_out, unavailable
+from gateway.core.refusals import GatewayError, timed_out, unavailable
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import shard_pb2, shard_pb2_grpc
 from services.clients.channels import mesh_channel

@@ -21,9 +21,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.authentication import authorize_account, count_error
+from gateway.core.refusals import GatewayError, deadline_passed, invalid_field
 from gateway.credentials import KeyHolder
 from gateway.direct_orders import DirectOrder
-from gateway.errors import GatewayError, deadline_passed, invalid_field
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import gateway_pb2
 from services.observability.metrics import ACK_LATENCY

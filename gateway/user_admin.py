@@ -23,9 +23,9 @@ from typing import Any
 
 from gateway.authentication import caller
 from gateway.clusters import PersisterPool, ShardCluster
-from gateway.errors import GatewayError
+from gateway.core.refusals import GatewayError
+from gateway.core.validation import check_note, check_request_id, check_risk_limits, check_user_id
 from gateway.routing import ShardRouter
-from gateway.validation import check_note, check_request_id, check_risk_limits, check_user_id
 from protos.oms.v1 import gateway_pb2, persister_pb2, shard_pb2
 
 Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)

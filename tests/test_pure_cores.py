@@ -19,6 +19,7 @@ CORE_PACKAGES = [
     ROOT / "services" / "matcher" / "core",
     ROOT / "services" / "routing" / "core",
     ROOT / "auditor" / "core",
+    ROOT / "gateway" / "core",
 ]
 FORBIDDEN_MODULES = {
     "asyncio",

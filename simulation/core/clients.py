@@ -1,23 +1,24 @@
 """Clients of the API: users who fund themselves, trade, cancel and withdraw, and retry
 the way the API tells them.
 
-One request per user at a time. A request unanswered within the gateway's deadline
-is sent again under the same client order id (or transfer id) with a new
-correlation id; a parked answer means wait for the final one; a retryable refusal
-(rate limit, backpressure, halted, not the owner) is sent again a little later; any
-other refusal is final. What a client was told is what the audit holds the mesh to:
-an order acknowledged under a client order id must be there, once, under that id.
+Each request is the API's own message (`PlaceOrderRequest`, `CancelOrderRequest`,
+`TransferRequest`) handed to the simulated gateway (`gateway_model.py`), and each
+answer the gateway's ack or refusal. One request per user at a time. A request
+unanswered within the client's deadline is sent again under the same client order id
+(or transfer id); a retryable refusal (rate limit, backpressure, halted, not the
+owner, the gateway UNAVAILABLE) is sent again a little later; any other refusal is
+final. What a client was told is what the audit holds the mesh to: an order
+acknowledged under a client order id must be there, once, under that id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from auditor.core.rows import AcknowledgedOrder, AcknowledgedTransfer
-from services.shard.core.commands import CancelOrder, Command, Deposit, PlaceOrder, Withdraw
-from services.shard.core.egress import ShardResult
+from gateway.core.refusals import GatewayError
+from protos.oms.v1 import gateway_pb2
 from services.shard.core.vocabulary import (
     BUY,
     LIMIT,
@@ -28,6 +29,7 @@ from services.shard.core.vocabulary import (
     RejectReason,
     TimeInForce,
 )
+from simulation.core.gateway_model import CANCEL, DEPOSIT, PLACE, refusal_is_retryable
 
 GTC = int(TimeInForce.GTC)
 IOC = int(TimeInForce.IOC)
@@ -47,12 +49,13 @@ class Request:
     kind: str  # place, cancel, deposit, withdraw
     user_id: int
     key: str  # client order id, transfer id, or the order id cancelled
-    build: Callable[[int], Command]  # correlation id -> the command
+    message: Any  # the API's request, the same on every attempt
     first_sent_ms: int = 0
     attempts: int = 0
-    correlation_id: int = 0
+    waiting: bool = False  # an attempt is out, its answer not yet in
     timed_out: bool = False
     amount: tuple[str, int] = ("", 0)  # a transfer's asset and signed amount
+    refusal_expected: int = 0  # a malformed request: the gateway's reason for refusing it
 
 
 @dataclass(slots=True)
@@ -62,6 +65,7 @@ class ClientFigures:
     timed_out_then_answered: int = 0  # outcome unknown to the client, then learnt by retry
     answered_as_duplicate: int = 0
     attempts: int = 0
+    malformed_refused: int = 0  # malformed requests the gateway refused, each checked
     waits_ms: list[int] = field(default_factory=list)
 
 
@@ -71,7 +75,6 @@ class SimClients:
         self.users = users
         self.settling = False
         self.outstanding: dict[int, Request] = {}  # user -> its request
-        self.by_correlation: dict[int, Request] = {}
         self.funded: dict[int, int] = dict.fromkeys(users, 0)  # deposits acknowledged
         self.next_id: dict[int, int] = dict.fromkeys(users, 0)
         self.orders: dict[tuple[int, str], str] = {}  # (user, client order id) -> order id
@@ -113,7 +116,9 @@ class SimClients:
             self.submit(self._transfer(user, "deposit", asset, FUNDING))
             return
         roll = rng.randrange(100)
-        if roll < 65:
+        if roll < 2:
+            self.submit(self._malformed(user))
+        elif roll < 65:
             self.submit(self._place(user))
         elif roll < 85:
             mine = [(c, o) for (u, c), o in self.orders.items() if u == user]
@@ -146,42 +151,47 @@ class SimClients:
             quantity, quote = (0, quote) if side == BUY else (lots, 0)
         else:
             order_type, price_ticks, quantity, quote = LIMIT, price, lots, 0
-        symbol = market.symbol
+        message = gateway_pb2.PlaceOrderRequest(
+            user_id=user,
+            client_order_id=client_id,
+            symbol=market.symbol,
+            side=side,  # type: ignore[arg-type]
+            order_type=order_type,  # type: ignore[arg-type]
+            time_in_force=time_in_force,  # type: ignore[arg-type]
+            price_ticks=price_ticks,
+            quantity_lots=quantity,
+            quote_amount=quote,
+        )
+        return Request(PLACE, user, client_id, message)
 
-        def build(correlation: int) -> Command:
-            return PlaceOrder(
-                correlation,
-                user,
-                client_id,
-                symbol,
-                side,
-                order_type,
-                time_in_force,
-                price_ticks,
-                quantity,
-                quote,
-                0,
-                0,
-                0,
-            )
-
-        return Request("place", user, client_id, build)
+    def _malformed(self, user: int) -> Request:
+        """An order the gateway must refuse with its reason, sending nothing on."""
+        request = self._place(user)
+        message = request.message
+        flaw = self.world.rng.randrange(3)
+        if flaw == 0:
+            message.quantity_lots, message.quote_amount = 0, 0
+            message.order_type = LIMIT
+            request.refusal_expected = gateway_pb2.GATEWAY_ERROR_REASON_OUT_OF_RANGE
+        elif flaw == 1:
+            message.symbol = "NOPE-USD"
+            request.refusal_expected = gateway_pb2.GATEWAY_ERROR_REASON_UNKNOWN_SYMBOL
+        else:
+            message.client_order_id = "not printable \x7f"
+            request.refusal_expected = gateway_pb2.GATEWAY_ERROR_REASON_INVALID_FIELD
+        return request
 
     def cancel(self, user: int, order_id: str) -> Request:
-        def build(correlation: int) -> Command:
-            return CancelOrder(correlation, user, order_id, "", 0)
-
-        return Request("cancel", user, order_id, build)
+        message = gateway_pb2.CancelOrderRequest(user_id=user, order_id=order_id)
+        return Request(CANCEL, user, order_id, message)
 
     def _transfer(self, user: int, kind: str, asset: str, amount: int) -> Request:
         transfer_id = self._new_key(user, "t")
-        command = Deposit if kind == "deposit" else Withdraw
-        signed = amount if kind == "deposit" else -amount
-
-        def build(correlation: int) -> Command:
-            return command(correlation, user, asset, amount, transfer_id)
-
-        return Request(kind, user, transfer_id, build, amount=(asset, signed))
+        signed = amount if kind == DEPOSIT else -amount
+        message = gateway_pb2.TransferRequest(
+            user_id=user, asset=asset, amount=amount, transfer_id=transfer_id
+        )
+        return Request(kind, user, transfer_id, message, amount=(asset, signed))
 
     # --- sending and answers -----------------------------------------------------------
 
@@ -192,50 +202,67 @@ class SimClients:
 
     def _send(self, request: Request) -> None:
         world = self.world
-        correlation = world.new_correlation()
-        request.correlation_id = correlation
         request.attempts += 1
+        request.waiting = True
+        attempt = request.attempts
         self.figures.attempts += 1
-        if not world.send_to_shard(request.user_id, request.build(correlation)):
-            request.correlation_id = 0
-            world.scheduler.after(RETRY_PAUSE_MS, "client retry", lambda: self._send(request))
-            return
-        self.by_correlation[correlation] = request
+        world.gateway.call(
+            request.kind, request.message, lambda answer: self._answered(request, attempt, answer)
+        )
         world.scheduler.after(
-            DEADLINE_MS, f"deadline {correlation}", lambda: self._deadline(request, correlation)
+            DEADLINE_MS, f"deadline {request.key}", lambda: self._deadline(request, attempt)
         )
 
-    def _deadline(self, request: Request, correlation: int) -> None:
-        if self.outstanding.get(request.user_id) is not request:
-            return
-        if request.correlation_id != correlation:
+    def _current(self, request: Request, attempt: int) -> bool:
+        """Whether `attempt` is the request's latest, still waiting for its answer."""
+        return (
+            self.outstanding.get(request.user_id) is request
+            and request.attempts == attempt
+            and request.waiting
+        )
+
+    def _deadline(self, request: Request, attempt: int) -> None:
+        if not self._current(request, attempt):
             return
         request.timed_out = True
-        self.by_correlation.pop(correlation, None)
         self._send(request)
 
-    def on_result(self, result: ShardResult) -> None:
-        request = self.by_correlation.get(result.correlation_id)
-        if request is None or self.outstanding.get(request.user_id) is not request:
-            return  # a duplicate answer, or one to an attempt given up
-        if result.parked:
-            return  # the final answer follows; the deadline still runs
-        del self.by_correlation[result.correlation_id]
-        if not result.accepted and result.reject_reason in _RETRY_REASONS:
-            request.correlation_id = 0
+    def _answered(self, request: Request, attempt: int, answer: Any) -> None:
+        if not self._current(request, attempt):
+            return  # an answer to an attempt given up
+        request.waiting = False
+        if isinstance(answer, GatewayError):
+            retry = refusal_is_retryable(answer)
+        else:
+            retry = not answer.accepted and (
+                answer.reject_reason in _RETRY_REASONS or getattr(answer, "retryable", False)
+            )
+        if retry:
             self.world.scheduler.after(RETRY_PAUSE_MS, "client retry", lambda: self._send(request))
             return
-        self._finish(request, result)
+        self._finish(request, answer)
 
-    def _finish(self, request: Request, result: ShardResult) -> None:
+    def _finish(self, request: Request, answer: Any) -> None:
+        """The final answer: an ack, or the gateway's refusal (`GatewayError`)."""
         world = self.world
         figures = self.figures
         del self.outstanding[request.user_id]
         figures.waits_ms.append(world.scheduler.now_ms - request.first_sent_ms)
         figures.timed_out_then_answered += request.timed_out
-        figures.answered_as_duplicate += result.duplicate
+        refused = isinstance(answer, GatewayError) or not answer.accepted
+        figures.answered_as_duplicate += not refused and getattr(answer, "duplicate", False)
         user = request.user_id
-        if result.accepted:
+        if request.refusal_expected:
+            figures.malformed_refused += 1
+            reason = answer.reason if isinstance(answer, GatewayError) else None
+            if reason != request.refusal_expected:
+                expected = gateway_pb2.GatewayErrorReason.Name(request.refusal_expected)  # type: ignore[arg-type]
+                world.violation(
+                    "gateway-check",
+                    f"user {user} {request.key!r}: expected refusal {expected}, got {answer}",
+                )
+        if not refused:
+            result = answer
             figures.ok += 1
             if request.kind == "place":
                 key = (user, request.key)

@@ -404,4 +404,5 @@ class SimWaves:
         """The compare-and-swap of the next epoch (one writer here: it always lands)."""
         world = self.world
         world.routing = decide(world.routing)
+        world.gateway.routing_changed(world.routing)
         return world.routing

@@ -28,6 +28,7 @@ from typing import Any
 
 from auditor.core.money_audit import MoneyAudit
 from auditor.core.rows import MarketUnits, OrderRow, UserAnswer
+from protos.oms.v1 import shard_pb2
 from services.markets.catalog import Market
 from services.matcher.core.settings import EngineSettings
 from services.matcher.core.settings import SymbolSettings as MatcherSymbol
@@ -54,6 +55,7 @@ from simulation.core.faults import (
     FaultLog,
     FaultPlan,
 )
+from simulation.core.gateway_model import SimGateway
 from simulation.core.links import Network
 from simulation.core.operator_model import SimOperator
 from simulation.core.persister_model import SimPersister
@@ -181,6 +183,7 @@ class SimWorld:
             self.replicas[shard] = [ShardReplica(self, shard, i) for i in range(config.replicas)]
         for group in self.matcher_groups:
             self.replicas[group] = [MatcherReplica(self, group, i) for i in range(config.replicas)]
+        self.gateway = SimGateway(self)
         self.bridge = SimBridge(self)
         self.persisters = {shard: SimPersister(self, shard) for shard in self.shard_ids}
         self.reconcilers = {shard: SimReconciler(self, shard) for shard in self.shard_ids}
@@ -229,12 +232,23 @@ class SimWorld:
     def send_to_shard(
         self, user_id: int, command: Command, delivered: Callable[[], None] | None = None
     ) -> bool:
-        """False while the user is in transit: the gateway answers UNAVAILABLE at once.
-        `delivered` is told of every copy the leader took (a duplicated one twice)."""
+        """The admin API's path (the operator's commands), routed by the document in
+        etcd: False while the user is in transit (UNAVAILABLE at once). `delivered` is
+        told of every copy the leader took (a duplicated one twice). Clients' requests
+        go through the gateway (`gateway_model.py`)."""
         shard = self.routing.owner_of(user_id)
         if shard is None:
             return False
-        message = command_to_protobuf(command)
+        self.send_command(shard, command_to_protobuf(command), delivered)
+        return True
+
+    def send_command(
+        self,
+        shard: str,
+        message: shard_pb2.ShardCommand,
+        delivered: Callable[[], None] | None = None,
+    ) -> None:
+        """To the shard group's leader, as its clients find it (etcd's leader key)."""
         key = self.etcd.holder(shard)
         target = next((n for n in self.replicas[shard] if key and n.name == key.holder), None)
 
@@ -245,14 +259,13 @@ class SimWorld:
                     delivered()
 
         self.network.unary(f"client→{shard}", arrive)
-        return True
 
     def shard_result(self, shard: str, result: ShardResult) -> None:
         self.network.unary(f"{shard}→client", lambda: self._answer(result))
 
     def _answer(self, result: ShardResult) -> None:
         if not self.operator.on_result(result):
-            self.clients.on_result(result)
+            self.gateway.on_result(result)
 
     def _publish_routing(self) -> None:
         """The routing document, to every shard that has not applied it (its watcher)."""
@@ -695,6 +708,7 @@ class SimWorld:
                 "users_moved": self.waves.landed,
                 "user_moves_returned": self.waves.returned,
                 **self.waves.figures,
+                **self.gateway.figures,
                 "operator_commands": sum(self.operator.sent.values()),
                 "operator_accepted": sum(self.operator.accepted.values()),
                 "operator_refused": self.operator.refused,
@@ -708,6 +722,7 @@ class SimWorld:
                 "unknown_then_resolved": client_figures.timed_out_then_answered,
                 "answered_as_duplicate": client_figures.answered_as_duplicate,
                 "attempts": client_figures.attempts,
+                "malformed_refused": client_figures.malformed_refused,
                 "acknowledged_orders": len(self.clients.orders),
                 "acknowledged_transfers": len(self.clients.transfers),
                 "longest_wait_ms": waits[-1] if waits else 0,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.core.refusals import GatewayError
 from gateway.shard_endpoint import ShardEndpoint
 from gateway.statistics import GatewayCounters
 from services.coordination.addresses import FixedAddress

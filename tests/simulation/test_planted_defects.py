@@ -71,7 +71,7 @@ def _first_failure(defect: str, seeds: tuple[int, ...], plan: FaultPlan) -> SimR
         (ACK_BEFORE_APPEND, (1, 2, 3), ZOMBIES, {"audit", "hash-divergence", "replica-stopped"}),
         # A flipped bit in a snapshot read back at a restart: the restore fails, or the
         # state differs from its peers' at the next checkpoint.
-        (UNCHECKED_SNAPSHOTS, (5, 12), HARSH, {"replica-stopped", "hash-divergence"}),
+        (UNCHECKED_SNAPSHOTS, (3, 6), HARSH, {"replica-stopped", "hash-divergence"}),
         # Sagas lost with a matcher leader are never re-driven: users never flat again.
         (BRIDGE_FORGETS_IN_FLIGHT, (2, 3), HARSH, {"not-settled"}),
         # Replicas that keep and restart from only their newest snapshots: one restarted
@@ -102,8 +102,8 @@ def test_a_planted_defect_is_found(
 def test_the_same_configs_pass_without_the_defect() -> None:
     markets = load_catalog().markets
     configs = (
-        (5, HARSH),
-        (12, HARSH),
+        (3, HARSH),
+        (6, HARSH),
         (1, ZOMBIES),
         (6, OUTAGES),
         (1, ETCD_OUTAGES),

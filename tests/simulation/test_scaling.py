@@ -64,9 +64,9 @@ def _owned_where_resident(world: SimWorld) -> dict[str, set[int]]:
 
 
 def test_a_group_joins_while_users_trade() -> None:
-    """Seed 1: s3 joins; the residents the hash gives it move in a wave, and the
+    """Seed 4: s3 joins; the residents the hash gives it move in a wave, and the
     cut-over holds on their old group the few that would not go flat."""
-    world = _run(1, SCALING)
+    world = _run(4, SCALING)
     figures = world.waves.figures
     assert figures["scale_outs"] == 1 and figures["scale_users_held"] >= 1, figures
     assert world.waves.landed > 0
@@ -75,11 +75,11 @@ def test_a_group_joins_while_users_trade() -> None:
 
 
 def test_a_group_leaves_while_users_trade() -> None:
-    """Seed 36: a group's users moved to the others, its cut-over found it empty, and it
+    """Seed 97: a group's users moved to the others, its cut-over found it empty, and it
     left the document; settled, it holds nobody. (Rare: a user with a resting order
     cannot go flat in transit, since its cancels are refused too, and undoes a
     removal: the next test.)"""
-    world = _run(36, SCALING)
+    world = _run(97, SCALING)
     assert world.waves.figures["scale_ins"] == 1, world.waves.figures
     document = world.routing
     assert len(document.clusters) == 1 and document.clusters[0].state == ClusterState.ACTIVE
@@ -89,10 +89,10 @@ def test_a_group_leaves_while_users_trade() -> None:
 
 
 def test_a_scale_in_whose_users_will_not_go_flat_is_undone() -> None:
-    """Seed 2: a group's cut-over found users still holding open orders after the
+    """Seed 1: a group's cut-over found users still holding open orders after the
     quiesce time: the cut-over is undone, the group stays draining and keeps owning
     them, nothing is lost (the audit after settling)."""
-    world = _run(2, SCALING, 30_000)
+    world = _run(1, SCALING, 30_000)
     assert world.waves.figures["scale_ins_blocked"] == 1, world.waves.figures
     states = {c.cluster_id: c.state for c in world.routing.clusters}
     draining = [c for c, state in states.items() if state == ClusterState.DRAINING]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.errors import GatewayError, invalid_field, out_of_range
+from gateway.core.refusals import GatewayError, invalid_field, out_of_range
 from protos.oms.v1 import common_pb2, gateway_pb2, matcher_pb2, shard_pb2
 from services.markets.catalog import INT64_MAX, Market, MarketCatalog
 
