@@ -67,6 +67,9 @@ class ServiceProcess:
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
+        # Where it listens and is reached: loopback, or a network namespace's side of its
+        # link (`tests/partitions/network_namespace.py`).
+        self.host = LOOPBACK
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.environment = dict(environment or {})
         self.process: subprocess.Popen[bytes] | None = None
@@ -86,7 +89,7 @@ class ServiceProcess:
 
     @property
     def address(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:

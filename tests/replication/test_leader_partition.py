@@ -2,9 +2,11 @@
 
 Three replicas over the etcd log under the deposit load of `test_shard_failover.py`.
 The leader's link to etcd is cut while its clients still reach it (a partition, not a
-crash): by the kernel where the test may (nftables drops the leader's packets to
-etcd's port: one way), else through a proxy of its own that freezes every
-connection and every new one. The followers and the callers reach etcd directly.
+crash): by the kernel where the test may (the leader runs in a network namespace of
+its own, joined to the host by a veth pair; nftables inside it drops what it sends to
+etcd's port: one way), else through a proxy of its own that freezes every connection
+and every new one. The followers and the callers reach etcd directly, and the leader
+over its link.
 What the fencing story promises, seen from outside:
 
 - the cut leader answers no caller from the cut on: under load an append of its is
@@ -29,8 +31,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.partitions.nft_partition import LinkCut
-from tests.partitions.nft_partition import unavailable as nft_unavailable
+from services.infra.embedded_etcd import EmbeddedEtcd
+from services.infra.ports import free_port
+from tests.partitions.network_namespace import NetworkNamespace
+from tests.partitions.network_namespace import unavailable as namespace_unavailable
 from tests.replication.replica_set import LEASE_TTL_S, ReplicaProcess, ReplicaSet, status_of
 from tests.replication.test_shard_failover import SERVE_AGAIN_S, _finish, _started_load
 from tests.shard_service.shard_client import ShardClient
@@ -74,16 +78,35 @@ class Observer:
 async def test_a_leader_cut_from_etcd_stops_serving_before_another_leads(
     tmp_path: Path, etcd_endpoints: tuple[str, ...]
 ) -> None:
-    """By the kernel where it can (nftables drops the leader's packets to etcd's port:
-    one way), else by a proxy that freezes its connections to etcd and every new one."""
-    replicas = ReplicaSet(tmp_path, etcd_endpoints, 3)
-    if nft_unavailable() is None:
-        etcd_port = int(etcd_endpoints[0].rpartition(":")[2])
-        with LinkCut([etcd_port]) as cut:
-            replicas.replicas[0].command_prefix = cut.command_prefix()
-            await leader_cut_and_healed(replicas, cut.drop, cut.heal)
+    """By the kernel where it can (the leader in a namespace of its own, nftables there
+    dropping its packets to etcd's port: one way), else by a proxy that freezes its
+    connections to etcd and every new one."""
+    if namespace_unavailable() is None:
+        with NetworkNamespace() as namespace:
+            # An etcd of the test's own, listening on the host's side of the link too.
+            etcd = EmbeddedEtcd(
+                tmp_path / "etcd",
+                unsafe_no_fsync=True,
+                extra_client_urls=[f"http://{namespace.outside}:{free_port()}"],
+            )
+            etcd.start()
+            try:
+                replicas = ReplicaSet(tmp_path, (etcd.endpoint,), 3)
+                leader = replicas.replicas[0]
+                leader.host = namespace.inside
+                leader.environment["OMS_SHARD_ADVERTISE"] = leader.address
+                outside = etcd.extra_client_urls[0].removeprefix("http://")
+                leader.environment["OMS_ETCD_ENDPOINTS"] = outside
+                leader.command_prefix = namespace.command_prefix()
+                port = int(outside.rpartition(":")[2])
+                await leader_cut_and_healed(
+                    replicas, lambda: namespace.drop_to(namespace.outside, port), namespace.heal
+                )
+            finally:
+                etcd.stop()
         return
-    print(f"cut by a proxy: {nft_unavailable()}")
+    print(f"cut by a proxy: {namespace_unavailable()}")
+    replicas = ReplicaSet(tmp_path, etcd_endpoints, 3)
     proxy = FreezingProxy(etcd_endpoints[0])
     await proxy.start()
     replicas.replicas[0].environment["OMS_ETCD_ENDPOINTS"] = proxy.endpoint
@@ -135,7 +158,7 @@ async def leader_cut_and_healed(
                 await asyncio.sleep(0.05)
             tail = cut.log_tail(80)
             assert any(reason in tail for reason in ENDINGS), tail
-            cut.command_prefix = []
+            # Started again where it ran (its namespace, healed), as its supervisor would.
             await asyncio.to_thread(cut.start_serving)
             await load.wait_successes(300)
         finally:
