@@ -37,12 +37,13 @@ install: $(STAMP) $(PROTO_STAMP) debian-packages
 # Debian packages some tests need, installed where make runs as root with apt-get:
 # Prometheus and promtool (tests/observability/test_alert_rules.py, test_prometheus.py),
 # fuse3, libfuse3 and fusermount3 (the power-cut filesystem of tests/power_cut/),
-# faketime and libfaketime (the clock steps of tests/clock_faults/), and nftables (the
-# partitions of tests/partitions/ and tests/replication/test_leader_partition.py).
+# faketime and libfaketime (the clock steps of tests/clock_faults/), nftables and
+# iproute2 (the partitions of tests/partitions/ and tests/replication/
+# test_leader_partition.py: cgroups and nftables, a network namespace and a veth pair).
 # Elsewhere, or if apt fails, those tests skip and pytest's summary says why. Never
 # fails the build.
-DEBIAN_TOOLS := prometheus promtool fusermount3 faketime nft
-DEBIAN_PACKAGES := prometheus fuse3 faketime nftables
+DEBIAN_TOOLS := prometheus promtool fusermount3 faketime nft ip
+DEBIAN_PACKAGES := prometheus fuse3 faketime nftables iproute2
 debian-packages:
 	@missing=$$(for tool in $(DEBIAN_TOOLS); do command -v $$tool >/dev/null || echo $$tool; done); \
 	if [ -z "$$missing" ]; then :; \
