@@ -4,7 +4,7 @@
         process.host = namespace.inside                 # it listens on the namespace's side
         process.command_prefix = namespace.command_prefix()
         process.start_serving()
-        namespace.drop_to(namespace.outside, etcd_port)   # its packets to etcd dropped
+        namespace.drop_to(etcd_port)                    # its packets to etcd dropped
         ...
         namespace.heal()
 
@@ -12,11 +12,15 @@ The namespace is joined to the host by a veth pair on a /30 of its own in
 10.231.0.0/16: the host's side `outside`, the namespace's `inside`. A process started
 with `command_prefix` (`ip netns exec`) has the namespace's network only: its own
 loopback and the veth, so whatever it reaches, it reaches over that link, and
-whoever reaches it does too. `drop_to` adds, in an nftables table inside the
-namespace, a rule that drops what the namespace sends to an address and TCP port on
-the output hook: one way (what the host sends in still arrives, but nothing leaves
-toward that port, as behind a firewall that drops). The host's rules and every other
-process are untouched. On exit the namespace goes, and its veth pair with it.
+whoever reaches it does too. `drop_to` adds, in an nftables table of the host's named
+for the namespace, a rule that drops what arrives over the link from the namespace
+for a TCP port of the host's: one way (what the host sends in still arrives), and
+silently, as a firewall between two machines drops: the sender's kernel sends, its
+TCP retransmits, its calls wait for their deadlines, and a new connection's SYN
+is lost like the rest (a drop on the sender's own output hook fails its new
+connections at once with EPERM instead). Nothing else the host
+receives is touched. On exit the table and the namespace go, and the veth pair with
+it.
 
 Needs root, iproute2 (`ip`) and Debian's nftables (`nft`); `unavailable()` says
 what is missing, for a skip.
@@ -32,7 +36,6 @@ import subprocess
 from types import TracebackType
 
 _namespaces = itertools.count(1)
-TABLE = "oms_cut"
 
 
 def unavailable() -> str | None:
@@ -66,6 +69,7 @@ class NetworkNamespace:
         self.name = f"oms-{tag}"
         self._host_link = f"oh{tag}"[:15]  # interface names are at most 15 characters
         self._inner_link = f"oi{tag}"[:15]
+        self._table = f"oms_ns_{tag}"
         used = _subnets_in_use()
         start = (os.getpid() * 7 + number) % 250
         octet = next(
@@ -95,10 +99,10 @@ class NetworkNamespace:
             _run(*inside, "ip", "addr", "add", f"{self.inside}/30", "dev", self._inner_link)
             _run(*inside, "ip", "link", "set", self._inner_link, "up")
             _run(*inside, "ip", "link", "set", "lo", "up")
-            _run(*inside, "nft", "add", "table", "inet", TABLE)
+            _run("nft", "add", "table", "inet", self._table)
             _run(
-                *inside, "nft", "add", "chain", "inet", TABLE, "out",
-                "{ type filter hook output priority 0 ; policy accept ; }",
+                "nft", "add", "chain", "inet", self._table, "in",
+                "{ type filter hook input priority 0 ; policy accept ; }",
             )  # fmt: skip
         except BaseException:
             self._remove()
@@ -109,15 +113,15 @@ class NetworkNamespace:
         """Runs the rest of a command inside the namespace."""
         return ["ip", "netns", "exec", self.name]
 
-    def drop_to(self, address: str, port: int) -> None:
-        """Drop what the namespace sends to `address`:`port` (TCP), from now on."""
+    def drop_to(self, port: int) -> None:
+        """Drop what the namespace sends to the host's TCP `port`, from now on."""
         _run(
-            *self.command_prefix(), "nft", "add", "rule", "inet", TABLE, "out",
-            "ip", "daddr", address, "tcp", "dport", str(port), "drop",
+            "nft", "add", "rule", "inet", self._table, "in", "iifname", self._host_link,
+            "ip", "saddr", self.inside, "tcp", "dport", str(port), "drop",
         )  # fmt: skip
 
     def heal(self) -> None:
-        _run(*self.command_prefix(), "nft", "flush", "chain", "inet", TABLE, "out")
+        _run("nft", "flush", "chain", "inet", self._table, "in")
 
     def __exit__(
         self,
@@ -128,6 +132,8 @@ class NetworkNamespace:
         self._remove()
 
     def _remove(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _run("nft", "delete", "table", "inet", self._table)
         # The host's end goes with the pair; deleting it first frees the subnet even
         # if a process left behind still holds the namespace open.
         with contextlib.suppress(subprocess.CalledProcessError):

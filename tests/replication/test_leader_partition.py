@@ -3,11 +3,11 @@
 Three replicas over the etcd log under the deposit load of `test_shard_failover.py`.
 The leader's link to etcd is cut while its clients still reach it (a partition, not a
 crash): by the kernel where the test may (the leader runs in a network namespace of
-its own, joined to the host by a veth pair; nftables inside it drops what it sends to
-etcd's port: one way), else through a proxy of its own that freezes every connection
-and every new one. The followers and the callers reach etcd directly, and the leader
-over its link.
-What the fencing story promises, seen from outside:
+its own, joined to the host by a veth pair; nftables drops what arrives over that
+link for etcd's port: one way, silently, as between two machines), else through a
+proxy of its own that freezes every connection and every new one. The followers and
+the callers reach etcd directly, and the leader over its link. What the fencing story
+promises, seen from outside:
 
 - the cut leader answers no caller from the cut on: under load an append of its is
   stuck behind the cut, and a read waits for the state it would show to be durable
@@ -78,9 +78,9 @@ class Observer:
 async def test_a_leader_cut_from_etcd_stops_serving_before_another_leads(
     tmp_path: Path, etcd_endpoints: tuple[str, ...]
 ) -> None:
-    """By the kernel where it can (the leader in a namespace of its own, nftables there
-    dropping its packets to etcd's port: one way), else by a proxy that freezes its
-    connections to etcd and every new one."""
+    """By the kernel where it can (the leader in a namespace of its own, nftables
+    dropping what it sends over its link to etcd's port: one way), else by a proxy
+    that freezes its connections to etcd and every new one."""
     if namespace_unavailable() is None:
         with NetworkNamespace() as namespace:
             # An etcd of the test's own, listening on the host's side of the link too.
@@ -100,7 +100,7 @@ async def test_a_leader_cut_from_etcd_stops_serving_before_another_leads(
                 leader.command_prefix = namespace.command_prefix()
                 port = int(outside.rpartition(":")[2])
                 await leader_cut_and_healed(
-                    replicas, lambda: namespace.drop_to(namespace.outside, port), namespace.heal
+                    replicas, lambda: namespace.drop_to(port), namespace.heal
                 )
             finally:
                 etcd.stop()
@@ -141,10 +141,12 @@ async def leader_cut_and_healed(
             async with asyncio.timeout(SERVE_AGAIN_S + 10.0):
                 await observer.run()
             await load.wait_successes(300, timeout_s=SERVE_AGAIN_S + 10.0)
+            answered = observer.last_answer - cut_at
             print(
-                f"cut leader: last answer {observer.last_answer - cut_at:.2f} s after the cut,"
-                f" refusals {sorted(observer.refusals)}; a new leader seen"
-                f" {observer.new_leader_seen - cut_at:.2f} s after it"
+                "cut leader: "
+                + (f"last answer {answered:.2f} s after the cut" if answered >= 0 else "no answer")
+                + f", refusals {sorted(observer.refusals)}; a new leader seen"
+                f" {observer.new_leader_seen - cut_at:.2f} s after the cut"
             )
             assert observer.last_answer < observer.new_leader_seen, observer.__dict__
             assert observer.refusals, "the cut leader never refused a caller"
