@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.shard.core.commands import ReconciledOrder
 from services.shard.core.egress import OrderUpdate, RiskAlert
 from services.shard.core.vocabulary import BUY, EventKind, OrderStatus
@@ -108,3 +110,28 @@ def test_a_report_older_than_the_users_last_event_is_stale_and_changes_nothing()
         driver.reconcile(1, "g1", driver.sequences["g1"], [_open(first), _open(second)])
     )
     assert not of_type(fresh, OrderUpdate) and _counter(driver, "reconciles_applied") == 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: found by `oms sim` seed 195 (README, 'The whole mesh, simulated', item 6);"
+    " the mend changes a decision, so it is a state-machine version of its own",
+)
+def test_a_late_report_for_a_user_who_left_flat_is_stale_not_impossible() -> None:
+    """A report whose snapshot listed an order open, delivered late: meanwhile the
+    matcher's cancel arrived, the user went flat and was let go (evicted here; moved to
+    another group in seed 195). The shard has applied the group past the report's
+    snapshot, so the report judges a past, as for a resident user whose orders moved
+    after it; today the shard flags it as an impossible state (a false risk alert)."""
+    driver = ShardDriver()
+    driver.resident(1, USDT=100_000)
+    order_id = driver.accepted_order(1, "a")
+    as_of = driver.sequences["g1"]  # the matcher's snapshot lists the order open
+    cancelled = driver.event("g1", EventKind.CANCELLED, order_id, 1, remaining_lots=1)
+    driver.run(driver.events("g1", cancelled))
+    driver.evict(1)
+    assert driver.machine.actor(1) is None
+    out = driver.run(driver.reconcile(1, "g1", as_of, [_open(order_id)]))
+    assert not of_type(out, RiskAlert), out
+    assert _counter(driver, "reconcile_impossible_states") == 0
+    assert _counter(driver, "reconciles_stale") == 1
