@@ -129,6 +129,25 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             " their own retry, the rest by the next leader's read)",
         ),
         (
+            "etcd watches",
+            f"{mesh.get('etcd_watches_created', 0):,} opened by followers, each after a"
+            f" range read to the log's end; {mesh.get('etcd_watches_fell_behind', 0):,} fell"
+            f" behind a paused follower, {mesh.get('etcd_watches_compacted', 0):,} ended by"
+            f" a compaction ({mesh.get('etcd_compactions', 0):,} compactions, leaders' and"
+            f" others'), {mesh.get('follower_rereads_WatchBroken', 0):,} broken; each"
+            " followed by a range read",
+        ),
+        (
+            "gateway",
+            f"{clients.get('malformed_refused', 0):,} malformed requests refused with their"
+            f" reason ({_refusals(mesh)}); {mesh.get('gateway_not_owner', 0):,} NOT_OWNER"
+            f" answers ({mesh.get('gateway_shard_epoch_behind', 0):,} from a shard behind"
+            f" the gateway's epoch, asked again); {mesh.get('gateway_in_transit_waits', 0):,}"
+            f" waits for a user in transit, {mesh.get('gateway_routing_reads', 0):,} routing"
+            f" reads past the watch's grace, {mesh.get('gateway_unavailable_in_transit', 0):,}"
+            " clients told UNAVAILABLE",
+        ),
+        (
             "operator",
             f"{mesh.get('operator_commands', 0):,} commands sent (halts, risk limits,"
             f" restarts, and their lifts), {mesh.get('operator_accepted', 0):,} accepted"
@@ -172,3 +191,9 @@ def campaign_markdown(figures: CampaignFigures) -> str:
     out = ["| figure | value |", "| --- | --- |"]
     out.extend(f"| {name} | {value} |" for name, value in rows)
     return "\n".join(out)
+
+
+def _refusals(mesh: dict[str, int]) -> str:
+    prefix = "gateway_refused_"
+    found = sorted((k.removeprefix(prefix), v) for k, v in mesh.items() if k.startswith(prefix))
+    return ", ".join(f"{reason} {count:,}" for reason, count in found) or "none"
