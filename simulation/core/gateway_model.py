@@ -10,9 +10,12 @@ NOT_OWNER answer is followed as `after_not_owner` decides.
 What is modelled, as `gateway/routing.py` and `gateway/etcd_routing.py` run it: the
 gateway's routing is its own copy of the routing document, which its etcd watch
 delivers a little after each change, in order; a user in transit, or a NOT_OWNER
-from a shard that decided under a newer epoch, waits up to `WATCH_GRACE_MS` for the
-watch, then reads the document from etcd itself; all within `REROUTE_MS`, past which
-the client hears UNAVAILABLE (in transit) or the shard's NOT_OWNER (retryable).
+from a shard that decided under a newer epoch (or the same), waits up to
+`WATCH_GRACE_MS` for the watch, then reads the document from etcd itself. If routing
+moved past the epoch used, the call is routed again; if not, the client hears the
+shard's NOT_OWNER (retryable), and a user still in transit is waited for again until
+`REROUTE_MS` is spent (UNAVAILABLE). A shard behind the gateway's epoch is asked
+again `LAGGING_SHARD_WAIT_MS` later.
 Parked results are not the client's: the final one follows. The admin API's
 operator controls are sent as before (`operator_model.py`).
 """
@@ -150,15 +153,20 @@ class SimGateway:
     def _forget(self, correlation: int) -> None:
         self.in_flight.pop(correlation, None)
 
-    def _await_newer_epoch(self, routed: Routed, epoch: int) -> None:
-        """`newer_epoch`: the watch's grace, then etcd read; route again, or give up."""
+    def _await_newer_epoch(
+        self, routed: Routed, epoch: int, refusal: shard_pb2.ShardResult | None = None
+    ) -> None:
+        """`newer_epoch`: wait for the watch to deliver an epoch past `epoch`, at most
+        `WATCH_GRACE_MS`, then read the document from etcd; route again if it moved.
+        If not: the shard's `refusal` (NOT_OWNER) goes to the client, or, for a user in
+        transit, it waits again until the re-routing budget is spent (UNAVAILABLE)."""
         world = self.world
         if self.routing.epoch > epoch:
             self._route(routed)
             return
         routed.wait += 1
         wait = routed.wait
-        self.waiting.append(routed)
+        self.waiting.append(routed)  # `_install` routes it again when the watch delivers
 
         def grace_over() -> None:
             if routed.wait != wait or routed not in self.waiting:
@@ -166,9 +174,11 @@ class SimGateway:
             self.waiting.remove(routed)
             self.figures["gateway_routing_reads"] += 1
             if world.routing.epoch > self.routing.epoch:
-                self._install_now(world.routing)  # read from etcd itself
+                self._install(world.routing)  # read from etcd itself: every waiter wakes
             if self.routing.epoch > epoch:
                 self._route(routed)
+            elif refusal is not None:
+                routed.answer(self._ack(routed, refusal))
             elif world.scheduler.now_ms < routed.deadline_ms:
                 self._await_newer_epoch(routed, epoch)
             else:
@@ -176,9 +186,6 @@ class SimGateway:
                 routed.answer(unavailable(f"user {routed.user_id} is moving between shards"))
 
         world.scheduler.after(WATCH_GRACE_MS, "gateway routing read", grace_over)
-
-    def _install_now(self, document: RoutingDocument) -> None:
-        self.routing = document
 
     # --- answers ------------------------------------------------------------------------
 
@@ -204,28 +211,9 @@ class SimGateway:
                 )
                 return
             if step is NotOwnerStep.AWAIT_NEWER_EPOCH:
-                self._await_not_owner(routed, message)
+                self._await_newer_epoch(routed, routed.epoch, refusal=message)
                 return
         routed.answer(self._ack(routed, message))
-
-    def _await_not_owner(self, routed: Routed, message: shard_pb2.ShardResult) -> None:
-        """Route again once routing moves past the epoch used; else the shard's answer."""
-        world = self.world
-        epoch = routed.epoch
-        if self.routing.epoch > epoch:
-            self._route(routed)
-            return
-
-        def grace_over() -> None:
-            if self.routing.epoch <= epoch and world.routing.epoch > self.routing.epoch:
-                self.figures["gateway_routing_reads"] += 1
-                self._install_now(world.routing)
-            if self.routing.epoch > epoch:
-                self._route(routed)
-            else:
-                routed.answer(self._ack(routed, message))
-
-        world.scheduler.after(WATCH_GRACE_MS, "gateway routing read", grace_over)
 
     @staticmethod
     def _ack(routed: Routed, result: shard_pb2.ShardResult) -> Any:
