@@ -11,9 +11,10 @@ hashes at equal positions on every replica of a group, the log's writers in term
 order, money conserved across the shards and the database (what resident users,
 clearing and fees hold in the shards plus what the database holds for users no shard
 holds equals the deposits less the withdrawals), order rows that never leave a final
-status nor unfill. Checked after settling: the independent money audit
-(`auditor/core/money_audit.py`) over the database's rows and the shards' answers,
-every acknowledged order and transfer there once, everything flat.
+status nor unfill, every malformed request refused by the gateway with its own reason.
+Checked after settling: every replica applying what the log held a round before, the
+independent money audit (`auditor/core/money_audit.py`) over the database's rows and
+the shards' answers, every acknowledged order and transfer there once, everything flat.
 """
 
 from __future__ import annotations
