@@ -122,7 +122,7 @@ def test_a_failing_run_shrinks_to_a_shorter_one_that_fails_alike() -> None:
     )
     result = run(config)
     assert not result.ok
-    shrunk = shrink(config, result, budget_runs=40)
+    shrunk = shrink(config, result, budget_runs=20)
     assert shrunk.config.steps < config.steps
     assert shrunk.config.plan.kinds < config.plan.kinds  # some fault kinds were not needed
     again = run(shrunk.config)
