@@ -109,7 +109,9 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             f"{mesh.get('leader_elections', 0):,} leader elections,"
             f" {mesh.get('fenced_leader_restarts', 0):,} fenced leaders restarted,"
             f" {mesh.get('etcd_fenced_appends', 0):,} fenced appends,"
-            f" {mesh.get('snapshot_installs', 0):,} snapshots installed from a peer",
+            f" {mesh.get('snapshot_installs', 0):,} snapshots installed from a peer,"
+            f" {mesh.get('version_switches_logged', 0):,} state-machine version switches"
+            " logged (a group's first leader switches it to the newest version)",
         ),
         (
             "reconciler",

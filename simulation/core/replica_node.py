@@ -10,7 +10,11 @@ It does what `services/runtime/replicated_host.py` does, step by step:
   `REREAD_MS`;
 - when the group has no leader it campaigns; the winner reads the log to its end and
   only then leads: it batches the commands it was sent, adds TIMER entries on its
-  clock and CHECKPOINT entries for the hashes it recorded, appends the record
+  clock and CHECKPOINT entries for the hashes it recorded (and a VERSION entry
+  switching the group to the newest state-machine version the build implements,
+  while it is not there yet: what `oms upgrade activate` logs once every replica
+  runs the build, as here they all do; so the campaign checks today's rules, and
+  the switch itself under faults), appends the record
   fenced by its term, and only then applies it and releases its egress;
 - a leader whose append is fenced or whose lease is gone stops at once and starts
   again as a follower (crash-only), losing what it had not appended;
@@ -38,6 +42,7 @@ from services.runtime.core.log_batch import (
     decode_batch_at,
     encode_batch,
     encode_checkpoint,
+    encode_version,
 )
 from services.runtime.core.replica import Replica, ReplicaInvariantError
 from services.runtime.core.snapshot_policy import EMPTY_STATE, replay_again_from
@@ -86,6 +91,7 @@ RESTART_BACKOFF_MS = 200  # the supervisor's wait before starting a process agai
 _COMMAND = int(EntryKind.COMMAND)
 _TIMER = int(EntryKind.TIMER)
 _CHECKPOINT = int(EntryKind.CHECKPOINT)
+_VERSION = int(EntryKind.VERSION)
 
 
 class GroupReplica:
@@ -425,6 +431,10 @@ class GroupReplica:
         if due is not None:
             entries.append((_CHECKPOINT, encode_checkpoint(*due)))
             self.checkpoint_due = None
+        machine = self.replica.machine
+        newest = max(machine.implemented_versions)
+        if machine.version < newest:
+            entries.append((_VERSION, encode_version(newest)))
         consensus_ms = max(self.replica.consensus_time_ms, self.clock_ms())
         if consensus_ms - self.last_timer_ms >= TIMER_INTERVAL_MS:
             entries.append((_TIMER, b""))
@@ -460,6 +470,8 @@ class GroupReplica:
             self._restart_as_follower("append fenced")
             return
         self.world.record_appended(self.group, batch.first_position, self.fence)
+        if any(kind == _VERSION for kind, _ in batch.entries):
+            self.world.figures["version_switches_logged"] += 1
         if self.world.crash_between_append_and_apply(self):
             return
         self._apply_record(data, leading=True)

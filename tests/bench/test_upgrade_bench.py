@@ -1,5 +1,5 @@
 """`oms bench upgrade --groups matcher` on the session's etcd, rolled to the next release:
-a row with each replica's figure and the switch to version 2, nothing left behind.
+a row with each replica's figure and the switch to its new version, nothing left behind.
 
 A smoke test of the benchmark's plumbing (graceful stops, the next build started, the
 catch-up, the switch through the leader), never of its figures beyond their being
@@ -20,6 +20,7 @@ import pytest
 from services.bench import failover_bench, upgrade_bench
 from services.coordination.group_keys import GroupKeys
 from tests.bench.test_failover_bench import CATALOG, _keys_under, _service_processes
+from tests.upgrade.next_release import MATCHER_VERSION
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ def test_a_matcher_group_rolled_to_the_next_release_and_switched(
     seconds = r"\d+\.\d\d"
     pattern = (
         rf"matcher {group} +({seconds}) ({seconds}) ({seconds})L +{seconds} +{seconds}"
-        rf"  v1 -> v2: {seconds} s"
+        rf"  v1 -> v{MATCHER_VERSION}: {seconds} s"
     )
     assert [line for line in lines if re.fullmatch(pattern, line)], lines
     prefix = GroupKeys.of(failover_bench.BENCH_MESH_ID, "matcher", group).prefix

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from services.shard.core.commands import ReconciledOrder
 from services.shard.core.egress import OrderUpdate, RiskAlert
 from services.shard.core.vocabulary import BUY, EventKind, OrderStatus
@@ -112,18 +110,13 @@ def test_a_report_older_than_the_users_last_event_is_stale_and_changes_nothing()
     assert not of_type(fresh, OrderUpdate) and _counter(driver, "reconciles_applied") == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: found by `oms sim` seed 195 (README, 'The whole mesh, simulated', item 6);"
-    " the mend changes a decision, so it is a state-machine version of its own",
-)
-def test_a_late_report_for_a_user_who_left_flat_is_stale_not_impossible() -> None:
-    """A report whose snapshot listed an order open, delivered late: meanwhile the
-    matcher's cancel arrived, the user went flat and was let go (evicted here; moved to
-    another group in seed 195). The shard has applied the group past the report's
-    snapshot, so the report judges a past, as for a resident user whose orders moved
-    after it; today the shard flags it as an impossible state (a false risk alert)."""
+def _left_flat_after_a_snapshot(version: int) -> tuple[ShardDriver, str, int]:
+    """User 1's order is listed open by a matcher snapshot; the matcher's cancel (after
+    it) arrives, the user goes flat and is let go (evicted here; moved to another group
+    by a scale-in in `oms sim` seeds 195 and 508). Returns the order and the snapshot's
+    sequence."""
     driver = ShardDriver()
+    driver.machine.activate_version(version)
     driver.resident(1, USDT=100_000)
     order_id = driver.accepted_order(1, "a")
     as_of = driver.sequences["g1"]  # the matcher's snapshot lists the order open
@@ -131,7 +124,62 @@ def test_a_late_report_for_a_user_who_left_flat_is_stale_not_impossible() -> Non
     driver.run(driver.events("g1", cancelled))
     driver.evict(1)
     assert driver.machine.actor(1) is None
+    return driver, order_id, as_of
+
+
+def test_a_late_report_for_a_user_who_left_flat_is_stale_not_impossible() -> None:
+    """From version 2 the user's tombstone keeps where its orders stood when it left, so
+    a report from before then judges a past, as for a resident user whose orders moved
+    after it."""
+    driver, order_id, as_of = _left_flat_after_a_snapshot(2)
+    before = driver.machine.state_hash()
     out = driver.run(driver.reconcile(1, "g1", as_of, [_open(order_id)]))
     assert not of_type(out, RiskAlert), out
     assert _counter(driver, "reconcile_impossible_states") == 0
+    assert _counter(driver, "reconciles_stale") == 1
+    assert driver.machine.state_hash() == before
+    # A replica restored from a snapshot decides the same (the tombstone's sequences are
+    # in it).
+    replica = driver.replica()
+    assert replica.state_hash() == before
+    again = driver.reconcile(1, "g1", as_of, [_open(order_id)])
+    assert replica.apply_commands([again], driver.now) == []
+    assert replica.statistics().counter("reconciles_stale") == 2
+
+
+def test_at_version_1_the_late_report_is_still_flagged_as_before() -> None:
+    """New code keeps version 1's decision until the group's log switches (README,
+    "Upgrades"): the false alert, as the release before raised it."""
+    driver, order_id, as_of = _left_flat_after_a_snapshot(1)
+    out = driver.run(driver.reconcile(1, "g1", as_of, [_open(order_id)]))
+    assert only(out, RiskAlert).kind == "reconcile_impossible"
+    assert _counter(driver, "reconciles_stale") == 0
+
+
+def test_a_report_as_recent_as_the_users_last_event_still_flags_what_it_lists() -> None:
+    """The matcher listing an order open at or after the user's last event, for a user
+    this shard let go flat, is a real impossible state at version 2 as well."""
+    driver, order_id, _ = _left_flat_after_a_snapshot(2)
+    out = driver.run(driver.reconcile(1, "g1", driver.sequences["g1"], [_open(order_id)]))
+    assert only(out, RiskAlert).kind == "reconcile_impossible"
+    # A group the user never traded on has no sequence kept: anything listed there is
+    # impossible too.
+    out = driver.run(driver.reconcile(1, "g2", 0, [_open("s1:1:77")]))
+    assert only(out, RiskAlert).kind == "reconcile_impossible"
+    assert _counter(driver, "reconciles_stale") == 0
+
+
+def test_a_user_hydrated_again_resumes_where_its_orders_stood() -> None:
+    """The late report reaches the user once it is back (hydrated for a new order): at
+    version 2 the actor resumes its event sequences from the tombstone, so the report
+    is stale, not an order "unknown to the shard"."""
+    driver, order_id, as_of = _left_flat_after_a_snapshot(2)
+    last = driver.sequences["g1"]
+    flushed = driver.machine.state.tombstones[1]
+    driver.run(driver.hydrate(1, balances={"USDT": 100_000}, db_version=flushed))
+    actor = driver.machine.actor(1)
+    assert actor is not None and actor.event_sequences == {"g1": last}
+    assert 1 not in driver.machine.state.tombstone_events
+    out = driver.run(driver.reconcile(1, "g1", as_of, [_open(order_id)]))
+    assert not of_type(out, RiskAlert), out
     assert _counter(driver, "reconciles_stale") == 1

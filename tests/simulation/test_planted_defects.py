@@ -71,14 +71,14 @@ def _first_failure(defect: str, seeds: tuple[int, ...], plan: FaultPlan) -> SimR
         (ACK_BEFORE_APPEND, (1, 2, 3), ZOMBIES, {"audit", "hash-divergence", "replica-stopped"}),
         # A flipped bit in a snapshot read back at a restart: the restore fails, or the
         # state differs from its peers' at the next checkpoint.
-        (UNCHECKED_SNAPSHOTS, (3, 6), HARSH, {"replica-stopped", "hash-divergence"}),
+        (UNCHECKED_SNAPSHOTS, (8, 11), HARSH, {"replica-stopped", "hash-divergence"}),
         # Sagas lost with a matcher leader are never re-driven: users never flat again.
         (BRIDGE_FORGETS_IN_FLIGHT, (2, 3), HARSH, {"not-settled"}),
         # Replicas that keep and restart from only their newest snapshots: one restarted
         # into leadership cannot give the lagging persister the rows after its cursor.
-        # Found in seeds 6 and 12 of 1-15 (it takes an outage, a snapshot past the
+        # Found in seeds 4, 5 and 9 of 1-15 (it takes an outage, a snapshot past the
         # cursor and that replica's crash into leadership, in that order).
-        (IGNORES_EGRESS_FLOOR, (6, 12), OUTAGES, {"egress-gap"}),
+        (IGNORES_EGRESS_FLOOR, (4, 5), OUTAGES, {"egress-gap"}),
         # Users landed on their new group while the old one still holds them (a move,
         # a wave or a cut-over that does not wait for the let-go): two owners.
         (LANDS_BEFORE_LETTING_GO, (1, 2), ROUTING, {"two-owners", "money-conservation"}),
@@ -102,10 +102,10 @@ def test_a_planted_defect_is_found(
 def test_the_same_configs_pass_without_the_defect() -> None:
     markets = load_catalog().markets
     configs = (
-        (3, HARSH),
-        (6, HARSH),
+        (8, HARSH),
+        (11, HARSH),
         (1, ZOMBIES),
-        (6, OUTAGES),
+        (4, OUTAGES),
         (1, ETCD_OUTAGES),
         (1, ROUTING),
         (2, COMPACTIONS),

@@ -1,13 +1,15 @@
-"""The next release, as an upgrade test builds it: this code plus state-machine version 2.
+"""The next release, as an upgrade test builds it: this code plus one state-machine version
+more for the shard (`SHARD_VERSION`) and for the matcher (`MATCHER_VERSION`), each one past
+the newest this build implements (3 and 2 today).
 
 Run as `python -m tests.upgrade.next_release <oms subcommand> ...` (a replica restarted
-"on new code"). It implements versions 1 and 2 of the shard and of the matcher, and
-keeps version 1's decisions until the group's log activates 2:
+"on new code"). It implements this build's versions and those, and keeps the older
+decisions until the group's log activates the new version:
 
-- the shard, version 2: a single deposit above `DEPOSIT_CAP` is refused
+- the shard, `SHARD_VERSION`: a single deposit above `DEPOSIT_CAP` is refused
   INVALID_AMOUNT (a new rule; a retry of a deposit already accepted is still answered
   as before, whatever its size);
-- the matcher, version 2: a limit order over `MAX_ORDER_LOTS` is rejected
+- the matcher, `MATCHER_VERSION`: a limit order over `MAX_ORDER_LOTS` is rejected
   INVALID_ORDER (a new maximum order size; a resubmission of an order it knows is
   still answered as before).
 
@@ -36,20 +38,24 @@ from services.shard.core.vocabulary import RejectReason
 
 DEPOSIT_CAP = 1_000_000
 MAX_ORDER_LOTS = 100_000
-NEXT_VERSIONS = frozenset({1, 2})
-_deposit_at_version_1 = Funding.deposit
-_submit_at_version_1 = engine.submit  # type: ignore[attr-defined]
+# Computed, so a version added to the services moves these along with no test to edit.
+SHARD_VERSION = max(shard_versions.IMPLEMENTED_VERSIONS) + 1
+MATCHER_VERSION = max(matcher_versions.IMPLEMENTED_VERSIONS) + 1
+THIS_BUILD_SHARD_VERSIONS = shard_versions.IMPLEMENTED_VERSIONS
+THIS_BUILD_MATCHER_VERSIONS = matcher_versions.IMPLEMENTED_VERSIONS
+_deposit_before = Funding.deposit
+_submit_before = engine.submit  # type: ignore[attr-defined]
 
 
 def _deposit(
     self: Funding, actor: UserActor, command: Deposit, now_ms: int, out: list[Egress]
 ) -> None:
-    if self.state.machine_version >= 2 and command.amount > DEPOSIT_CAP:
+    if self.state.machine_version >= SHARD_VERSION and command.amount > DEPOSIT_CAP:
         if self._answered_before(actor, command, _DEPOSIT, now_ms, out):
             return
         out.append(refused(command.correlation_id, RejectReason.INVALID_AMOUNT))
         return
-    _deposit_at_version_1(self, actor, command, now_ms, out)
+    _deposit_before(self, actor, command, now_ms, out)
 
 
 def _submit(
@@ -57,7 +63,7 @@ def _submit(
 ) -> CommandResult:
     spec = command.spec
     if (
-        state.machine_version >= 2
+        state.machine_version >= MATCHER_VERSION
         and spec.order_type == LIMIT
         and spec.quantity_lots > MAX_ORDER_LOTS
         and spec.user_seq
@@ -65,12 +71,12 @@ def _submit(
         and spec.symbol in state.books
     ):
         return state.reject(command.correlation_id, spec, INVALID_ORDER, now, events)
-    return _submit_at_version_1(state, command, now, events)
+    return _submit_before(state, command, now, events)
 
 
 def install() -> None:
-    shard_versions.IMPLEMENTED_VERSIONS = NEXT_VERSIONS
-    matcher_versions.IMPLEMENTED_VERSIONS = NEXT_VERSIONS
+    shard_versions.IMPLEMENTED_VERSIONS = THIS_BUILD_SHARD_VERSIONS | {SHARD_VERSION}
+    matcher_versions.IMPLEMENTED_VERSIONS = THIS_BUILD_MATCHER_VERSIONS | {MATCHER_VERSION}
     Funding.deposit = _deposit  # type: ignore[method-assign]
     # The engine calls `submit` by its own module's name for it.
     engine.submit = _submit  # type: ignore[attr-defined]

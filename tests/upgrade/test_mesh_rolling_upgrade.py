@@ -1,6 +1,7 @@
 """The replicated mesh (`oms up --replicas 3`) upgraded under a trading load: every shard
 replica and then every matcher replica of group g1 restarted in turn on the next
-release, both groups switched to version 2, nothing lost, nothing doubled.
+release, both groups switched to the next release's versions, nothing lost, nothing
+doubled.
 
 A release is the code a process loads when it starts. Here every process of the mesh
 starts through a `sitecustomize` that loads the next release
@@ -10,7 +11,7 @@ new code, as a pod does when a StatefulSet rolls. Twelve users trade on Trade st
 meanwhile (`tests/e2e/stream_load.py`). Checked from outside afterwards: every
 request answered in time, every accepted order found and final exactly once, the
 histories agree with the balances (`audit_accounts`), the mesh's invariants
-(`check_mesh_invariants`), and each group's replicas at version 2 with one state hash
+(`check_mesh_invariants`), and each group's replicas at its new version with one state hash
 at a common checkpoint. The version's new rules hold from the switch on, not before:
 the shard refuses a deposit over the cap, the matcher rejects an order over the
 maximum size.
@@ -43,7 +44,12 @@ from tests.replication.replicated_mesh import (
     wait_new_term,
     wait_same_checkpoint,
 )
-from tests.upgrade.next_release import DEPOSIT_CAP, MAX_ORDER_LOTS
+from tests.upgrade.next_release import (
+    DEPOSIT_CAP,
+    MATCHER_VERSION,
+    MAX_ORDER_LOTS,
+    SHARD_VERSION,
+)
 
 pytestmark = pytest.mark.slow
 OPEN, REJECTED = common_pb2.ORDER_STATUS_OPEN, common_pb2.ORDER_STATUS_REJECTED
@@ -114,7 +120,7 @@ async def _roll(replicas: list[str], load: StreamLoad) -> float:
 
 async def _large_order_status(client: OmsClient, client_order_id: str) -> int:
     """A resting sell over the next release's maximum size: open at version 1 (then
-    cancelled), rejected by the matcher at version 2."""
+    cancelled), rejected by the matcher at `MATCHER_VERSION`."""
     ack = await client.place(
         client_order_id,
         BTC,
@@ -132,8 +138,8 @@ async def _large_order_status(client: OmsClient, client_order_id: str) -> int:
     return int(view.status)
 
 
-def _activate(state_dir: Path, group: str) -> str:
-    code = main(["upgrade", "activate", group, "2", "--state-dir", str(state_dir)])
+def _activate(state_dir: Path, group: str, version: int) -> str:
+    code = main(["upgrade", "activate", group, str(version), "--state-dir", str(state_dir)])
     assert code == 0, f"upgrade activate {group}: exit {code}"
     return group
 
@@ -147,6 +153,7 @@ async def test_a_replicated_mesh_rolled_and_switched_under_trading_loses_nothing
         record.gateway, api_key=record.admin_api_key, api_secret=record.admin_api_secret
     )
     groups = {"shard/s1": record.shard_replicas(), "matcher/g1": record.matcher_replicas("g1")}
+    versions = {"shard/s1": SHARD_VERSION, "matcher/g1": MATCHER_VERSION}
     async with admin:
         accounts = [
             await open_account(admin, FUNDS, tier=shard_pb2.USER_TIER_WHALE) for _ in range(USERS)
@@ -168,7 +175,7 @@ async def test_a_replicated_mesh_rolled_and_switched_under_trading_loses_nothing
             async with other.client(record.gateway) as client:
                 assert await _large_order_status(client, "large-before") == OPEN
                 for name in groups:
-                    await asyncio.to_thread(_activate, running.state_dir, name)
+                    await asyncio.to_thread(_activate, running.state_dir, name, versions[name])
                 refused = await admin.deposit(depositor, "USDT", 2 * DEPOSIT_CAP, "big-after")
                 assert refused.reject_reason == shard_pb2.SHARD_REJECT_REASON_INVALID_AMOUNT
                 assert await _large_order_status(client, "large-after") == REJECTED
@@ -192,7 +199,7 @@ async def test_a_replicated_mesh_rolled_and_switched_under_trading_loses_nothing
         shard_id=record.shard_id,
     )
     await check_mesh_invariants(addresses, running.database_url, order_ids)
-    for replicas in groups.values():
-        assert await asyncio.to_thread(_versions, replicas) == {2}
+    for name, replicas in groups.items():
+        assert await asyncio.to_thread(_versions, replicas) == {versions[name]}
         await asyncio.to_thread(wait_same_checkpoint, replicas)
     assert running.stop() == 0

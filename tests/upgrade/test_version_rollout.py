@@ -14,6 +14,7 @@ import pytest
 from k8s.operator.version_rollout import VersionNotReadyError, VersionRollout
 from services.coordination.etcd_session import EtcdSession
 from tests.replication.replica_set import ReplicaProcess, ReplicaSet
+from tests.upgrade.next_release import SHARD_VERSION, THIS_BUILD_SHARD_VERSIONS
 from tests.upgrade.test_rolling_upgrade import NEXT_RELEASE
 
 pytestmark = pytest.mark.slow
@@ -37,18 +38,19 @@ async def test_the_operator_switches_a_group_once_every_replica_runs_the_version
     async with EtcdSession(etcd_endpoints) as session:
         rollout = VersionRollout(session, mesh_id)
         with pytest.raises(VersionNotReadyError) as waiting:
-            await rollout.ensure(2)
-        assert f"{third.address} implements 1" in str(waiting.value), waiting.value
+            await rollout.ensure(SHARD_VERSION)
+        this_build = ",".join(map(str, sorted(THIS_BUILD_SHARD_VERSIONS)))
+        assert f"{third.address} implements {this_build}" in str(waiting.value), waiting.value
         statuses = await replicas.wait_agreed()
         assert all(status.counters["machine_version"] == 1 for status in statuses)
 
         await _on_next_release(third)
-        assert await rollout.ensure(2) == {group: 2}
+        assert await rollout.ensure(SHARD_VERSION) == {group: SHARD_VERSION}
         statuses = await replicas.wait_agreed()
-        assert all(status.counters["machine_version"] == 2 for status in statuses)
+        assert all(status.counters["machine_version"] == SHARD_VERSION for status in statuses)
         assert len({status.state_hash for status in statuses}) == 1, statuses
         # Reconciled again (the operator restarted, the spec re-applied): nothing logged.
-        assert await rollout.ensure(2) == {group: 2}
-        assert await rollout.ensure(1) == {group: 2}  # never lowered
+        assert await rollout.ensure(SHARD_VERSION) == {group: SHARD_VERSION}
+        assert await rollout.ensure(1) == {group: SHARD_VERSION}  # never lowered
         statuses = await replicas.wait_agreed()
         assert all(status.counters["versions_repeated"] == 0 for status in statuses)

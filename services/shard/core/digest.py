@@ -90,7 +90,12 @@ def state_hash(state: ShardState) -> bytes:
     if state.machine_version > 1:
         # Only past version 1, so a build from before versions hashes version 1 alike
         # and the release that brought them could be rolled in replica by replica.
-        shard_part = (*shard_part, state.machine_version)
+        shard_part = (
+            *shard_part,
+            state.machine_version,
+            len(state.tombstone_events),
+            state.tombstone_event_sum,
+        )
     return hashlib.blake2b(
         state.settings.fingerprint() + repr(shard_part).encode(),
         digest_size=32,

@@ -136,7 +136,10 @@ class EvictionSweep:
             state.halted -= 1
         state.drop_actor(actor)
         state.leaving.pop(actor.user_id, None)
-        state.remember_tombstone(actor.user_id, command.db_version)
+        events: tuple[tuple[str, int], ...] = ()
+        if state.machine_version >= 2:
+            events = tuple(sorted(actor.event_sequences.items()))
+        state.remember_tombstone(actor.user_id, command.db_version, events)
         state.counters.evictions_completed += 1
 
     def on_flush_refused(self, command: FlushRefused, out: list[Egress]) -> None:

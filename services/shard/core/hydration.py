@@ -127,6 +127,10 @@ class Hydration:
             return
         epoch = pending.epoch if pending is not None else state.next_epoch()
         actor = self.build_actor(user_state, epoch, now_ms)
+        if state.machine_version >= 2:
+            # Where the user's orders stood when it left here: a reconcile report from
+            # before then is stale for the user back, as for one who never left.
+            actor.event_sequences.update(state.tombstone_events.get(user_id, ()))
         self.admit(actor)
         counters.hydrations_completed += 1
         if pending is not None:

@@ -4,9 +4,14 @@ Applied only once this shard has applied the matcher group's sequence the
 report is as-of (before that, the report would see fills still in flight), and
 only to a user none of whose orders had an event after that sequence (after
 it, the report describes a past the index has moved on from: it is stale and
-counted, and the next round's report is judged instead);
-until then it waits, at most `max_deferred_reconciles` of them (the oldest
-is dropped beyond that: the reconciler sends another report next round).
+counted, and the next round's report is judged instead). From state-machine
+version 2 the same holds for a user who left this shard since (evicted, or moved
+away by routing): its tombstone keeps the sequences of its last events, and a
+report older than them is stale; at version 1 any order listed for a user not
+resident is an impossible state, a false alert when the report was merely late.
+Until the sequence is applied a report waits, at most `max_deferred_reconciles`
+of them (the oldest is dropped beyond that: the reconciler sends another report
+next round).
 
 Healing, deterministically:
 - a phantom (the shard holds it OPEN or PARTIALLY_FILLED in this group, the
@@ -69,6 +74,12 @@ class ReconcileEngine:
         listed: dict[str, ReconciledOrder] = {o.order_id: o for o in command.open_orders}
         actor = state.actors.get(command.user_id)
         if actor is None:
+            if self._left_after(command):
+                # The user went flat and left after the snapshot's sequence (an event of
+                # the group came later): the report judges a past, as for a resident user
+                # whose orders moved after it.
+                counters.reconciles_stale += 1
+                return
             # Not resident means flat: anything the matcher still holds is impossible here.
             for listed_order in command.open_orders:
                 self._impossible(
@@ -118,6 +129,15 @@ class ReconcileEngine:
                 self._impossible(actor.user_id, order_id, "unknown to the shard", out)
         if changed:
             state.mark_dirty(actor)
+
+    def _left_after(self, command: Reconcile) -> bool:
+        """From version 2: whether the user's last event of the report's group, when it left
+        this shard, came after the report's snapshot (its tombstone keeps the sequences)."""
+        state = self.state
+        if state.machine_version < 2:
+            return False
+        events = dict(state.tombstone_events.get(command.user_id, ()))
+        return events.get(command.matcher_group, 0) > command.as_of_sequence
 
     def _impossible(self, user_id: int, order_id: str, detail: str, out: list[Egress]) -> None:
         counters = self.state.counters

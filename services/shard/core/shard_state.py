@@ -14,6 +14,8 @@ decisions land. Three rules every mutation of an actor follows:
 
 from __future__ import annotations
 
+import hashlib
+import marshal
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -96,6 +98,11 @@ class ShardState:
         self.deferred_reconciles: list[Reconcile] = []
         self.tombstones: OrderedDict[int, int] = OrderedDict()  # evicted user -> db_version
         self.tombstone_sum = 0
+        # From state-machine version 2, with a tombstone: the user's last matcher event
+        # sequence per group when it left (sorted by group), so a reconcile report from
+        # before then is judged stale, not impossible, and a hydration resumes them.
+        self.tombstone_events: dict[int, tuple[tuple[str, int], ...]] = {}
+        self.tombstone_event_sum = 0
         self.epoch_counter = 0
         self.recency_counter = 0
         self.digest_sum = 0  # sum of clean actors' digests mod 2^64
@@ -152,18 +159,32 @@ class ShardState:
         self.digest_sum = (self.digest_sum - actor.digest) & _MASK64
         actor.digest = 0
 
-    def remember_tombstone(self, user_id: int, db_version: int) -> None:
+    def remember_tombstone(
+        self, user_id: int, db_version: int, events: tuple[tuple[str, int], ...] = ()
+    ) -> None:
         self.forget_tombstone(user_id)
         self.tombstones[user_id] = db_version
         self.tombstone_sum = (self.tombstone_sum + _mix(user_id, db_version)) & _MASK64
+        if events:
+            self.tombstone_events[user_id] = events
+            term = _events_term(user_id, events)
+            self.tombstone_event_sum = (self.tombstone_event_sum + term) & _MASK64
         while len(self.tombstones) > self.settings.max_evicted_tombstones:
             oldest, version = self.tombstones.popitem(last=False)
             self.tombstone_sum = (self.tombstone_sum - _mix(oldest, version)) & _MASK64
+            self._forget_tombstone_events(oldest)
 
     def forget_tombstone(self, user_id: int) -> None:
         version = self.tombstones.pop(user_id, None)
         if version is not None:
             self.tombstone_sum = (self.tombstone_sum - _mix(user_id, version)) & _MASK64
+            self._forget_tombstone_events(user_id)
+
+    def _forget_tombstone_events(self, user_id: int) -> None:
+        events = self.tombstone_events.pop(user_id, None)
+        if events is not None:
+            term = _events_term(user_id, events)
+            self.tombstone_event_sum = (self.tombstone_event_sum - term) & _MASK64
 
     def mark_dirty(self, actor: UserActor) -> None:
         if not actor.dirty:
@@ -252,6 +273,12 @@ class ShardState:
 
 
 _MASK64 = (1 << 64) - 1
+
+
+def _events_term(user_id: int, events: tuple[tuple[str, int], ...]) -> int:
+    # marshal version 2 writes values only, so equal data gives equal bytes everywhere.
+    encoded = marshal.dumps((user_id, events), 2)
+    return int.from_bytes(hashlib.blake2b(encoded, digest_size=8).digest(), "little")
 
 
 def _mix(key: int, value: int) -> int:

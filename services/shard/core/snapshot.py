@@ -52,11 +52,16 @@ from services.shard.core.statistics import SweepStatistics
 # (an actor's trading halt, the operator and note of a parked command); 5: the
 # persister's cursor; 6: an actor's control version and last control request id (and
 # a parked control's), so a restored replica refuses a stale copy as the live one does;
-# 7: the state-machine version in force
-SNAPSHOT_VERSION = 7
+# 7: the state-machine version in force; 8: the tombstones' last event sequences (kept
+# from state-machine version 2 on)
+SNAPSHOT_VERSION = 8
+# Written at version 1, where tombstones keep no sequences: a replica of the release
+# before reads it, so a group at version 1 can be rolled replica by replica. A group at
+# version 2 has only replicas that implement 2, which read 8.
+_SNAPSHOT_AT_VERSION_1 = 7
 # version -> fields (a 2 has no routing document, a 4 no persister cursor, a 6 no
-# state-machine version: 1)
-_READABLE_VERSIONS = {2: 20, 3: 21, 4: 21, 5: 22, 6: 22, 7: 23}
+# state-machine version: 1, a 7 no tombstone sequences)
+_READABLE_VERSIONS = {2: 20, 3: 21, 4: 21, 5: 22, 6: 22, 7: 23, 8: 24}
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -230,8 +235,9 @@ def actor_from_plain(data: tuple[Any, ...]) -> UserActor:
 
 
 def encode(state: ShardState) -> bytes:
-    data = (
-        SNAPSHOT_VERSION,
+    layout = SNAPSHOT_VERSION if state.machine_version >= 2 else _SNAPSHOT_AT_VERSION_1
+    data: tuple[Any, ...] = (
+        layout,
         state.settings.fingerprint(),
         state.now_ms,
         state.epoch_counter,
@@ -270,6 +276,8 @@ def encode(state: ShardState) -> bytes:
         state.persisted_through,
         state.machine_version,
     )
+    if layout >= 8:
+        data = (*data, tuple(state.tombstone_events.items()))
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=5)
     pickler.fast = True  # no memo: bytes depend on values only (see the module docstring)
@@ -299,6 +307,7 @@ def decode_into(state: ShardState, data: bytes) -> None:
     routing_raw = payload[20] if len(payload) > 20 else b""
     persisted_through = payload[21] if len(payload) > 21 else 0
     machine_version = payload[22] if len(payload) > 22 else 1
+    tombstone_events = dict(payload[23]) if len(payload) > 23 else {}
     (
         _,
         fingerprint,
@@ -351,7 +360,7 @@ def decode_into(state: ShardState, data: bytes) -> None:
         state.accounts.restore_plain(accounts)
         state.dedup.restore_plain(dedup)
         for user_id, version in tombstones:
-            state.remember_tombstone(user_id, version)
+            state.remember_tombstone(user_id, version, tombstone_events.get(user_id, ()))
         state.pending_submits = dict(pending_submits)
         state.pending_cancels = dict(pending_cancels)
         state.holders = {symbol: dict.fromkeys(users) for symbol, users in holders}

@@ -7,8 +7,17 @@ written behind `state.machine_version >= N`, the old one kept, N added here, and
 group switches at the VERSION entry `oms upgrade activate` logs once every replica
 runs a build that implements N (README, "Upgrades"). A change that decides nothing
 differently (a faster structure, a log line, a new metric) needs no version.
+
+Version 2: a user's tombstone keeps its last matcher event sequence per group when it
+left the shard (evicted, or moved to another shard by routing), and a hydration gives
+them back to the actor; a reconcile report for a user who is not resident, whose
+snapshot is older than the last of those events, is stale (`reconciles_stale`), no
+longer an impossible state raised as a risk alert (`reconcile.py`). Found by
+`oms sim` (seeds 195 and 508 of a 1,000-seed run): a report delayed while the user's
+order was cancelled and the user moved away alerted a person for nothing. The
+tombstones' sequences are in the state hash and in the snapshot (layout 8).
 """
 
 from __future__ import annotations
 
-IMPLEMENTED_VERSIONS: frozenset[int] = frozenset({1})
+IMPLEMENTED_VERSIONS: frozenset[int] = frozenset({1, 2})
