@@ -12,7 +12,12 @@ every run.
 from __future__ import annotations
 
 from services.markets.catalog import load_catalog
-from services.shard.core.egress import AUDIT_HALT_TRADING, AUDIT_RESTART, ShardResult
+from services.shard.core.egress import (
+    AUDIT_HALT_TRADING,
+    AUDIT_RESTART,
+    AUDIT_RESUME_TRADING,
+    ShardResult,
+)
 from services.shard.core.vocabulary import RejectReason, UserControlAction
 from simulation.core.defects import OPERATOR_UNPINNED
 from simulation.core.faults import (
@@ -94,3 +99,20 @@ def test_a_refused_restart_does_not_forget_a_halt_on_its_way() -> None:
     assert operator.on == {user: AUDIT_HALT_TRADING}  # the halt's mark kept
     assert operator.on_result(ShardResult(2, True))
     assert user in operator.confirmed  # accepted: it will be lifted
+
+
+def test_a_lift_waiting_to_be_sent_again_keeps_the_operator_busy() -> None:
+    """A resume refused CONTROL_VERSION_STALE (pinned to a version read before the
+    halt's) waits a pause and goes out anew: until then the mesh is not settled. The
+    model once counted only commands in flight, judged the mesh settled in the pause
+    and flagged its own halt as left on (`operator-lift`, seed 877 of a 1,000-seed
+    run): the model's defect, not the mesh's."""
+    world = SimWorld(SimConfig(seed=1, steps=0, markets=load_catalog().markets))
+    operator, user = world.operator, 26
+    resume = OperatorCommand(user, AUDIT_RESUME_TRADING, UserControlAction.RESUME_TRADING, None)
+    operator.outstanding[1] = resume
+    stale = int(RejectReason.CONTROL_VERSION_STALE)
+    assert operator.on_result(ShardResult(1, False, reject_reason=stale))
+    assert not operator.outstanding and not operator.on
+    assert not operator.idle  # the resume is yet to be sent anew
+    assert operator.retrying == 1
