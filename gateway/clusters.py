@@ -66,12 +66,14 @@ class ClusterDirectory:
         shard_timeout_s: float,
         persister_timeout_s: float,
         counters: GatewayCounters,
+        shard_unanswered_batches: int | None = None,
     ) -> None:
         self.shard_addresses = dict(shards)
         self.persister_addresses = dict(persisters)
         self.etcd_endpoints = tuple(etcd_endpoints)
         self.mesh_id = mesh_id
         self.shard_timeout_s = shard_timeout_s
+        self.shard_unanswered_batches = shard_unanswered_batches
         self.persister_timeout_s = persister_timeout_s
         self.counters = counters
         self._clusters: dict[str, ShardCluster] = {}
@@ -102,6 +104,7 @@ class ClusterDirectory:
                 ),
                 timeout_s=self.shard_timeout_s,
                 counters=self.counters,
+                unanswered_batches=self.shard_unanswered_batches,
             ),
             PersisterClient(
                 address_source(

@@ -65,6 +65,7 @@ def cluster_directory(settings: GatewaySettings, counters: GatewayCounters) -> C
         etcd_endpoints=settings.etcd_endpoints,
         mesh_id=settings.mesh_id,
         shard_timeout_s=settings.request_deadline_ms / 1000,
+        shard_unanswered_batches=settings.shard_unanswered_batches or None,
         persister_timeout_s=settings.persister_timeout_ms / 1000,
         counters=counters,
     )
@@ -153,6 +154,7 @@ class Gateway:
         links = [cluster.shard.link.statistics() for cluster in clusters]
         counters["shard_batches_sent"] = sum(link.sent_batches for link in links)
         counters["shard_commands_sent"] = sum(link.sent_commands for link in links)
+        counters["shard_batches_held"] = sum(link.held_batches for link in links)
         counters["shard_stream_breaks"] = sum(link.breaks for link in links)
         counters["shard_link_stalls"] = sum(link.stalls for link in links)
         counters["shard_link_queued"] = sum(link.queued for link in links)

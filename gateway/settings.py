@@ -90,6 +90,13 @@ class GatewaySettings:
         help="every unary call and every Trade request is answered within this long"
         " (TIMEOUT if nothing else came first: retry with the same ids)",
     )
+    shard_unanswered_batches: int = setting(
+        env="OMS_GATEWAY_SHARD_UNANSWERED_BATCHES",
+        default=1,
+        help="batches of orders sent to a shard and not yet answered, at most (0: no"
+        " bound); the orders that arrive meanwhile leave together in the next batch, so"
+        " unary calls share messages and log entries as the load rises",
+    )
     persister_timeout_ms: int = setting(env="OMS_GATEWAY_PERSISTER_TIMEOUT_MS", default=5_000)
     matcher_timeout_ms: int = setting(env="OMS_GATEWAY_MATCHER_TIMEOUT_MS", default=5_000)
     prefetch_interval_ms: int = setting(

@@ -19,13 +19,18 @@ from services.coordination.errors import CoordinationUnavailable
 
 class ShardEndpoint:
     def __init__(
-        self, address: AddressSource, *, timeout_s: float, counters: GatewayCounters
+        self,
+        address: AddressSource,
+        *,
+        timeout_s: float,
+        counters: GatewayCounters,
+        unanswered_batches: int | None = None,
     ) -> None:
         self.source = address
         self.address = address.describe()
         self.timeout_s = timeout_s
         self.counters = counters
-        self.link = ShardLink(address)
+        self.link = ShardLink(address, max_unanswered_batches=unanswered_batches)
         self._channel: grpc.aio.Channel | None = None
         self._channel_address = ""
         self._stub: shard_pb2_grpc.UserShardStub | None = None

@@ -27,6 +27,13 @@ waits for room in the queue, and they stay queued across breaks and go out on
 the next stream (their owners also re-derive what to send after a break, since
 a command on a broken stream may or may not have reached the log).
 
+A client command that arrives while `max_unanswered_batches` batches of client commands
+wait for their answer waits in the queue for the oldest answer, and leaves with every
+other command that arrived meanwhile (Nagle's algorithm, with the shard's answer as the
+acknowledgement). At a low rate nothing is held (no batch is unanswered); at a high
+rate the batches grow with the rate: concurrent unary calls, each one command, share
+one message and one log entry, and their results come back in one.
+
 Correlation ids are unique per link (a random 32-bit prefix per stream), because
 the shard routes late finals by correlation id across streams. A stream whose
 queued commands are not taken, or whose sent commands get no answer at all, for
@@ -95,6 +102,7 @@ class ShardLinkStatistics:
     waiting: int
     sent_batches: int
     sent_commands: int
+    held_batches: int
     connects: int
     breaks: int
     stalls: int
@@ -113,6 +121,7 @@ class ShardLink:
         stall_s: float = STALL_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         metadata: Callable[[], Sequence[tuple[str, str]]] = tuple,
+        max_unanswered_batches: int | None = None,
     ) -> None:
         # A fixed address, or the shard's leader as etcd names it: resolved at every
         # connection attempt, so a failover is followed by the next attempt.
@@ -123,6 +132,16 @@ class ShardLink:
         self.max_queued = max_queued
         self.stall_s = stall_s
         self.connect_timeout_s = connect_timeout_s
+        # None: every batch leaves at once (the bridge's and the persister's links carry
+        # mesh commands, never held).
+        if max_unanswered_batches is not None and max_unanswered_batches < 1:
+            raise ValueError(f"max_unanswered_batches {max_unanswered_batches} (at least 1)")
+        self.max_unanswered_batches = max_unanswered_batches
+        # The first client correlation id of each batch sent and not yet answered, oldest
+        # first: ids rise through the queue, so an answer holding id c answers every batch
+        # whose first id is at most c (a parked command's late final holds an older id).
+        self._unanswered: deque[int] = deque()
+        self._answered = asyncio.Event()
         # Asked at each stream's opening: a leader-only writer's token for this term
         # (services/coordination/writer_tokens.py), or nothing.
         self.metadata = metadata
@@ -159,6 +178,7 @@ class ShardLink:
         self._unlogged_breaks = 0
         self.sent_batches = 0
         self.sent_commands = 0
+        self.held_batches = 0  # batches that waited for an answer before leaving
         self.connects = 0
         self.breaks = 0  # streams that ended; mesh commands sent on them may be lost
         self.stalls = 0
@@ -261,6 +281,7 @@ class ShardLink:
             waiting=len(self._waiting),
             sent_batches=self.sent_batches,
             sent_commands=self.sent_commands,
+            held_batches=self.held_batches,
             connects=self.connects,
             breaks=self.breaks,
             stalls=self.stalls,
@@ -373,6 +394,10 @@ class ShardLink:
     async def _one_stream(self) -> str:
         """Run one stream until it ends; the reason it ended."""
         self._was_ready = False
+        # A new prefix before any await: every client command queued from here on carries
+        # it, so ids rise through the queue for the whole stream (`_unanswered` relies on it).
+        self._prefix = secrets.randbits(31) << 32
+        self._ids = itertools.count(1)
         try:
             address = await self.source.resolve()
         except CoordinationUnavailable as error:
@@ -382,8 +407,6 @@ class ShardLink:
                 await self._channel.close()
             self._channel = mesh_channel(address)
             self._channel_address = self.address = address
-        self._prefix = secrets.randbits(31) << 32
-        self._ids = itertools.count(1)
         ended = asyncio.Event()
         call = self._channel.stream_stream(
             EXECUTE_METHOD,
@@ -422,9 +445,11 @@ class ShardLink:
             self.state = LinkState.AWAY
             self._ready.clear()
             # A call that ended with an error does not stop its request iterator: tell it
-            # (it waits on the queue's event, so that one wakes it too).
+            # (it waits on the queue's event, or on an answer: both wake it).
             ended.set()
             self._queued.set()
+            self._unanswered.clear()
+            self._answered.set()
             call.cancel()
             if reader is not None:
                 reader.cancel()
@@ -457,14 +482,22 @@ class ShardLink:
 
     async def _read_results(self, call: grpc.aio.StreamStreamCall) -> str:
         try:
+            unanswered = self._unanswered
             async for batch in call:
                 self._unanswered_since = None
                 waiting = self._waiting
+                highest = 0
                 for result in batch.results:
-                    future = waiting.get(result.correlation_id)
+                    correlation_id = result.correlation_id
+                    highest = max(highest, correlation_id)
+                    future = waiting.get(correlation_id)
                     if future is None or future.done() or result.parked:
                         continue
                     future.set_result(result)
+                if unanswered and unanswered[0] <= highest:
+                    while unanswered and unanswered[0] <= highest:
+                        unanswered.popleft()
+                    self._answered.set()
         except grpc.aio.AioRpcError as error:
             return str(error.code().name)
         return "the shard closed the stream"
@@ -486,6 +519,12 @@ class ShardLink:
                 # lets a burst share one batch (one message, one log entry) instead of one each.
                 if self.linger_s > 0:
                     await asyncio.sleep(self.linger_s)
+            limit = self.max_unanswered_batches
+            if limit is not None and len(self._unanswered) >= limit:
+                self.held_batches += 1
+                while len(self._unanswered) >= limit and not ended.is_set():
+                    self._answered.clear()
+                    await self._answered.wait()
             if ended.is_set():
                 return
             batch = shard_pb2.ShardCommandBatch()
@@ -497,7 +536,9 @@ class ShardLink:
                 if future is not None:
                     if future.done():
                         continue  # its caller stopped waiting (deadline): it retries, same id
-                    answered = True
+                    if not answered:
+                        answered = True
+                        self._unanswered.append(command.correlation_id)
                 commands.append(command)
             self._pending_since = time.monotonic() if pending else None
             if len(pending) < self.max_queued:

@@ -38,7 +38,8 @@ SERVE_AGAIN_S = 5.0
 
 
 async def _started_load(process: ShardProcess) -> tuple[ShardLink, DepositLoad, asyncio.Task[None]]:
-    link = ShardLink(process.address)
+    # As the gateway holds its link: one unanswered batch of client commands at most.
+    link = ShardLink(process.address, max_unanswered_batches=1)
     load, running = await start_deposit_load(link, range(1, USERS + 1))
     return link, load, running
 
