@@ -5,7 +5,7 @@ another account and a non-admin key calling the admin service, publishes the
 caller in the `caller` context variable, continues the client's trace, counts
 the call, and turns any `GatewayError` into its status code with the reason in
 the trailing metadata `x-oms-reason`. A unary call gets its answer within the
-request deadline (TIMEOUT when nothing else came first). Handlers hold no
+request deadline (TIMEOUT when nothing else came first; `call_deadlines.py`). Handlers hold no
 security code of their own. Health and status calls are not intercepted.
 """
 
@@ -30,6 +30,7 @@ from gateway.authentication import (
     caller,
     count_error,
 )
+from gateway.call_deadlines import CallDeadlines
 from gateway.core.refusals import GatewayError, deadline_passed
 from gateway.credentials import KeyHolder
 from gateway.signing import REASON_TRAILER
@@ -90,6 +91,9 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> None:
         self.authenticator = authenticator
         self.deadline_s = deadline_s
+        # Unary calls: one sweep for every call's deadline (streams use asyncio.timeout
+        # for their admission only, once per stream).
+        self.deadlines = CallDeadlines(deadline_s)
         self.counters = counters
         self.on_user_authenticated = on_user_authenticated
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
@@ -179,14 +183,21 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def _unary(
         self, method: str, inner: Callable[[Any, Any], Awaitable[Any]]
     ) -> Callable[[Any, Any], Awaitable[Any]]:
+        deadlines = self.deadlines
+
         async def behaviour(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            watched = deadlines.watch()
             try:
                 try:
-                    async with asyncio.timeout(self.deadline_s):
-                        await self._admit(method, context, request)
-                        return await inner(request, context)
-                except TimeoutError as timeout:
-                    raise deadline_passed(self.deadline_s) from timeout
+                    await self._admit(method, context, request)
+                    return await inner(request, context)
+                except asyncio.CancelledError:
+                    if not watched.expired:
+                        raise  # the client went away, or the server stops
+                    watched.task.uncancel()
+                    raise deadline_passed(self.deadline_s) from None
+                finally:
+                    watched.finished = True
             except GatewayError as error:
                 self._failed(method, error)
                 await _abort(context, error)

@@ -33,6 +33,11 @@ from services.observability.tracing import trace_parent_of, tracer, tracing_enab
 SERVICE_NAME = "oms.v1.OrderGateway"
 log = structlog.get_logger(__name__)
 _tracer = tracer(__name__)
+# The histogram's series for unary calls, looked up once (a lookup by labels costs as
+# much as the rest of the observation).
+_UNARY_ACK_LATENCY = {
+    outcome: ACK_LATENCY.labels("unary", outcome) for outcome in ("accepted", "refused", "error")
+}
 Context = Any  # grpc.aio.ServicerContext (grpc ships no type information)
 
 
@@ -106,7 +111,7 @@ class OrderService:
             outcome = "accepted" if ack.accepted else "refused"
             return ack
         finally:
-            ACK_LATENCY.labels("unary", outcome).observe(time.perf_counter() - started)
+            _UNARY_ACK_LATENCY[outcome].observe(time.perf_counter() - started)
 
     async def cancel_order(
         self, request: gateway_pb2.CancelOrderRequest, context: Context

@@ -198,6 +198,7 @@ class Gateway:
         )
 
     async def close(self) -> None:
+        await self.interceptor.deadlines.close()
         await self.routing.close()
         await self.clusters.close()
         await self.matchers.close()
