@@ -204,6 +204,11 @@ class CredentialDirectory:
             expires_at_ms=credential.expires_at_ms,
         )
 
+    def remember(self, holder: KeyHolder) -> None:
+        """Know a key as if the persister had just vouched for it (`oms bench unary-floor`
+        serves the gateway with no persister)."""
+        self._remember(holder.api_key, holder)
+
     def _remember(self, api_key: str, holder: KeyHolder | None) -> None:
         lifetime = self.ttl_s if holder is not None else self.unknown_ttl_s
         if lifetime <= 0:

@@ -28,6 +28,11 @@ TARGETS: dict[str, tuple[str, str]] = {
         "services.bench.e2e_bench",
         "orders/s and ack latency through the whole mesh vs the row-lock baseline",
     ),
+    "unary-floor": (
+        "services.bench.unary_floor",
+        "CPU per unary PlaceOrder call before any shard: grpc.aio alone, with an interceptor,"
+        " and the gateway's own handler path, side by side",
+    ),
     "scale": (
         "services.bench.scale_bench",
         "ack latency and throughput before, during and after a scaling wave (2 -> 3 user-shard "
