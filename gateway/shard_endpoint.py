@@ -12,7 +12,12 @@ from gateway.core.refusals import GatewayError, timed_out, unavailable
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import shard_pb2, shard_pb2_grpc
 from services.clients.channels import mesh_channel
-from services.clients.shard_link import LinkState, ShardLink, ShardUnavailableError
+from services.clients.shard_link import (
+    DEFAULT_LINGER_S,
+    LinkState,
+    ShardLink,
+    ShardUnavailableError,
+)
 from services.coordination.addresses import AddressSource
 from services.coordination.errors import CoordinationUnavailable
 
@@ -30,7 +35,13 @@ class ShardEndpoint:
         self.address = address.describe()
         self.timeout_s = timeout_s
         self.counters = counters
-        self.link = ShardLink(address, max_unanswered_batches=unanswered_batches)
+        # Holding while a batch is unanswered gathers a burst better than a linger after
+        # an idle spell, and costs the lone order at a low rate no wait and no timer.
+        self.link = ShardLink(
+            address,
+            max_unanswered_batches=unanswered_batches,
+            linger_s=0.0 if unanswered_batches else DEFAULT_LINGER_S,
+        )
         self._channel: grpc.aio.Channel | None = None
         self._channel_address = ""
         self._stub: shard_pb2_grpc.UserShardStub | None = None

@@ -30,9 +30,10 @@ a command on a broken stream may or may not have reached the log).
 A client command that arrives while `max_unanswered_batches` batches of client commands
 wait for their answer waits in the queue for the oldest answer, and leaves with every
 other command that arrived meanwhile (Nagle's algorithm, with the shard's answer as the
-acknowledgement). At a low rate nothing is held (no batch is unanswered); at a high
-rate the batches grow with the rate: concurrent unary calls, each one command, share
-one message and one log entry, and their results come back in one.
+acknowledgement); a full batch (`MAX_COMMANDS_PER_BATCH`) leaves at once, as Nagle
+sends a full segment. At a low rate nothing is held (no batch is unanswered); at a
+high rate the batches grow with the rate: concurrent unary calls, each one command,
+share one message and one log entry, and their results come back in one.
 
 Correlation ids are unique per link (a random 32-bit prefix per stream), because
 the shard routes late finals by correlation id across streams. A stream whose
@@ -316,6 +317,8 @@ class ShardLink:
             self._pending_since = time.monotonic()
         self._pending.append((command, future))
         self._queued.set()
+        if len(self._pending) >= MAX_COMMANDS_PER_BATCH:
+            self._answered.set()  # a held batch is full: it leaves now
 
     def _drop_queued_clients(self) -> None:
         """A broken stream: its callers were failed; keep only the mesh commands."""
@@ -520,9 +523,9 @@ class ShardLink:
                 if self.linger_s > 0:
                     await asyncio.sleep(self.linger_s)
             limit = self.max_unanswered_batches
-            if limit is not None and len(self._unanswered) >= limit:
+            if self._must_hold(limit):
                 self.held_batches += 1
-                while len(self._unanswered) >= limit and not ended.is_set():
+                while self._must_hold(limit) and not ended.is_set():
                     self._answered.clear()
                     await self._answered.wait()
             if ended.is_set():
@@ -554,6 +557,15 @@ class ShardLink:
             if answered and self._unanswered_since is None:
                 self._unanswered_since = time.monotonic()
             yield batch.SerializeToString()
+
+    def _must_hold(self, limit: int | None) -> bool:
+        """Whether the next batch waits for an answer: `limit` batches are unanswered
+        and what is queued does not fill a batch."""
+        return (
+            limit is not None
+            and len(self._unanswered) >= limit
+            and len(self._pending) < MAX_COMMANDS_PER_BATCH
+        )
 
     async def _expire(self, interval_s: float) -> None:
         """Fail the commands whose deadline passed; runs while any deadline is pending."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from services.clients.shard_link import ShardLink
+from services.clients.shard_link import MAX_COMMANDS_PER_BATCH, ShardLink
 from tests.shard_service.shard_client import ShardClient, deposit, hydrate
 from tests.shard_service.shard_process import ShardProcess, aio_channel
 
@@ -80,5 +80,41 @@ async def test_callers_arriving_while_a_batch_is_unanswered_share_the_next_one(
             await ShardClient(channel).run(hydrate(NOT_RESIDENT))
         async with asyncio.timeout(TIMEOUT_S):
             assert (await callers[0]).accepted
+    finally:
+        await link.close()
+
+
+async def test_a_full_batch_leaves_without_waiting_for_the_answer(
+    new_shard: Callable[..., ShardProcess],
+) -> None:
+    """Nagle sends a full segment at once: a held queue that fills a batch leaves while the
+    batch before it is still unanswered (the shard is stopped), so the hold never caps
+    what one link carries to a batch per answer."""
+    process = new_shard()
+    process.start_serving()
+    link = ShardLink(process.address, max_unanswered_batches=1)
+    try:
+        await link.send([hydrate(user_id) for user_id in USERS])
+        await link.wait_ready(10)
+        assert (await link.execute(deposit(USERS[0], 1), timeout_s=TIMEOUT_S)).accepted
+        before = link.statistics()
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            first = asyncio.ensure_future(link.execute(deposit(USERS[0], 1), timeout_s=TIMEOUT_S))
+            await _until(lambda: link.statistics().sent_batches == before.sent_batches + 1)
+            callers = [
+                asyncio.ensure_future(
+                    link.execute(deposit(USERS[n % len(USERS)], 1), timeout_s=TIMEOUT_S)
+                )
+                for n in range(MAX_COMMANDS_PER_BATCH)
+            ]
+            await _until(lambda: link.statistics().sent_batches == before.sent_batches + 2)
+            assert link.statistics().queued == 0
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        async with asyncio.timeout(TIMEOUT_S):
+            answers = await asyncio.gather(first, *callers)
+        assert all(answer.accepted for answer in answers)
+        assert link.statistics().sent_batches == before.sent_batches + 2
     finally:
         await link.close()
