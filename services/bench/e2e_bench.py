@@ -80,6 +80,7 @@ from services.bench.transport_counts import (
 from services.bench.transport_counts import snapshot as transport_snapshot
 from services.clients.channels import gateway_channel
 from services.infra.local_infra import LocalInfra
+from services.runtime.collector import settle_long_lived_state
 from services.transport.grpc_runtime import MESH_GRPC_EXPERIMENTS
 from services.transport.tls import mesh_transport
 
@@ -338,6 +339,8 @@ async def _measure(
         users = await _funded_users(
             channel, record.admin_api_key, record.admin_api_secret, arguments.users
         )
+        # The load generator's own collector as the gateway's: less of the shared cores.
+        settle_long_lived_state()
         idle = await _idle_cpu_percent(mesh, arguments.idle_seconds)
         print(
             "idle mesh, % of a core: "
