@@ -71,6 +71,7 @@ from protos.oms.v1 import (
 )
 from services.bench.latency import summarize_ms
 from services.bench.mesh_launch import LaunchedMesh
+from services.bench.open_loop import open_loop
 from services.bench.row_lock_design import DesignResult, Workload, best_of
 from services.bench.transport_counts import (
     PhaseTransport,
@@ -536,49 +537,30 @@ async def _unary_phase(
 ) -> PhaseResult:
     latencies_ns: list[int] = []
     refused = 0
-    limit = asyncio.Semaphore(arguments.unary_outstanding)
-    tasks: set[asyncio.Task[None]] = set()
 
-    async def place(slot_ns: int, number: int) -> None:
+    async def place(slot_ns: int) -> None:
         nonlocal refused
+        number = next(sequence)
+        index = mix.user_index(number)
+        user = users[index]
+        request = _order(user, number, buyer=index % 2 == 0)
+        metadata = signed_metadata(user.api_key, user.api_secret, PLACE_METHOD, request, _now_ms())
         try:
-            index = mix.user_index(number)
-            user = users[index]
-            request = _order(user, number, buyer=index % 2 == 0)
-            metadata = signed_metadata(
-                user.api_key, user.api_secret, PLACE_METHOD, request, _now_ms()
-            )
-            try:
-                ack = await orders.PlaceOrder(request, metadata=metadata, timeout=30)
-            except grpc.aio.AioRpcError as error:
-                # A mesh still working off an earlier phase's overload answers late.
-                refused += 1
-                REFUSALS[error.code().name] += 1
-                return
-            if ack.accepted:
-                latencies_ns.append(time.perf_counter_ns() - slot_ns)
-            else:
-                refused += 1
-                REFUSALS[shard_pb2.ShardRejectReason.Name(ack.reject_reason)] += 1
-        finally:
-            limit.release()
+            ack = await orders.PlaceOrder(request, metadata=metadata, timeout=30)
+        except grpc.aio.AioRpcError as error:
+            # A mesh still working off an earlier phase's overload answers late.
+            refused += 1
+            REFUSALS[error.code().name] += 1
+            return
+        if ack.accepted:
+            latencies_ns.append(time.perf_counter_ns() - slot_ns)
+        else:
+            refused += 1
+            REFUSALS[shard_pb2.ShardRejectReason.Name(ack.reject_reason)] += 1
 
-    started = time.perf_counter_ns()
-    deadline = started + int(arguments.seconds * 1e9)
-    for index in itertools.count():
-        slot = started + (int(index * 1e9 / rate) if rate else 0)
-        if slot >= deadline or time.perf_counter_ns() >= deadline:
-            break
-        now = time.perf_counter_ns()
-        if slot > now:
-            await asyncio.sleep((slot - now) / 1e9)
-        await limit.acquire()
-        task = asyncio.create_task(place(slot if rate else time.perf_counter_ns(), next(sequence)))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.gather(*tasks)
-    elapsed = (time.perf_counter_ns() - started) / 1e9
+    elapsed = await open_loop(
+        place, rate=rate, seconds=arguments.seconds, outstanding=arguments.unary_outstanding
+    )
     return PhaseResult(
         "unary",
         mix.workload,

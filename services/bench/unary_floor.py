@@ -45,6 +45,7 @@ from gateway.settings import GatewaySettings
 from gateway.signing import signed_metadata
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from services.bench.latency import summarize_ms
+from services.bench.open_loop import open_loop
 from services.clients.channels import CHANNEL_OPTIONS, SERVER_OPTIONS
 from services.infra.ports import free_port
 from services.settings import load_settings
@@ -317,33 +318,15 @@ async def _phase(
     arguments: argparse.Namespace,
 ) -> FloorResult:
     latencies_ns: list[int] = []
-    limit = asyncio.Semaphore(arguments.outstanding)
-    tasks: set[asyncio.Task[None]] = set()
 
     async def one(slot_ns: int) -> None:
-        try:
-            await _place(call, next(numbers))
-            latencies_ns.append(time.perf_counter_ns() - slot_ns)
-        finally:
-            limit.release()
+        await _place(call, next(numbers))
+        latencies_ns.append(time.perf_counter_ns() - slot_ns)
 
     server_before, client_before = _cpu_seconds(server_pid), time.process_time()
-    started = time.perf_counter_ns()
-    end = started + int(arguments.seconds * 1e9)
-    for index in itertools.count():
-        slot = started + (int(index * 1e9 / rate) if rate else 0)
-        if slot >= end or time.perf_counter_ns() >= end:
-            break
-        now = time.perf_counter_ns()
-        if slot > now:
-            await asyncio.sleep((slot - now) / 1e9)
-        await limit.acquire()
-        task = asyncio.create_task(one(slot if rate else time.perf_counter_ns()))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.gather(*tasks)
-    elapsed_s = (time.perf_counter_ns() - started) / 1e9
+    elapsed_s = await open_loop(
+        one, rate=rate, seconds=arguments.seconds, outstanding=arguments.outstanding
+    )
     server_used = _cpu_seconds(server_pid) - server_before
     client_used = time.process_time() - client_before
     calls = max(len(latencies_ns), 1)
