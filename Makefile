@@ -10,7 +10,7 @@ ETCD_PROTO_SOURCES := protos/etcd/etcdserverpb/rpc.proto protos/etcd/mvccpb/kv.p
 PROTO_SOURCES := $(wildcard protos/oms/v1/*.proto) $(ETCD_PROTO_SOURCES)
 PROTO_STAMP := protos/oms/v1/.generated
 
-.PHONY: all install protos protocheck lint typecheck pytest test run bench clean lock debian-packages
+.PHONY: all install protos protocheck lint typecheck pytest test run bench clean lock debian-packages docs docs-build
 
 all: test
 
@@ -82,6 +82,16 @@ lint: install protocheck
 	$(BIN)/python protos/etcd/strip_options.py --check
 	$(BIN)/lint-imports
 	$(BIN)/mypy services gateway bridge persister k8s auditor simulation tests protos/etcd/strip_options.py
+	$(MAKE) --no-print-directory docs-build
+
+# The manual (mkdocs.yml, docs/): built with --strict, so a broken link or anchor, or a
+# page missing from the nav, fails `make lint`. `make docs` serves it while you edit.
+MKDOCS_QUIET := NO_MKDOCS_2_WARNING=1
+docs-build: install
+	$(MKDOCS_QUIET) $(BIN)/mkdocs build --strict --quiet
+
+docs: install
+	$(MKDOCS_QUIET) $(BIN)/mkdocs serve
 
 # The slowest tests in every log: the suite must stay under CI's 20 minutes.
 pytest: install
@@ -96,4 +106,4 @@ bench: install
 	$(BIN)/oms bench runtime
 
 clean:
-	rm -rf $(VENV) state protos/oms/v1/*_pb2*.py* $(PROTO_STAMP)
+	rm -rf $(VENV) state site protos/oms/v1/*_pb2*.py* $(PROTO_STAMP)
