@@ -291,7 +291,7 @@ def run_up(arguments: argparse.Namespace) -> int:
     write_mesh_record(infra.state_dir, record)
     targets = write_scrape_targets(infra.state_dir, record)
     print(f"[mesh] Prometheus targets (file_sd_configs): {targets}", flush=True)
-    print(f"[mesh] gateway {record.gateway}; try `oms demo` in another terminal", flush=True)
+    print(f"[mesh] gateway {record.gateway}", flush=True)
     if tls is not None:
         for who, variables in (
             ("`oms client`", tls.client_environment()),

@@ -21,7 +21,9 @@ from typing import Any
 from gateway.client import AdminClient, GatewayCallError, OmsClient
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from services.infra.settings import DEFAULT_STATE_DIR
-from services.mesh.mesh_record import read_mesh_record
+from services.mesh.mesh_record import MeshRecord, read_mesh_record
+from services.mesh.readiness import NotServingError, wait_until_serving
+from services.mesh.status_targets import targets_of_record
 from services.transport.development import adopt_mesh_transports
 
 SYMBOL = "BTC-USDT"
@@ -30,6 +32,9 @@ LOT_BTC = "0.0001"
 # Display only: the system keeps integers in each asset's minor unit.
 ASSET_DECIMALS = {"BTC": 8, "ETH": 8, "SOL": 9, "USDT": 6}
 UPDATE_TIMEOUT_S = 15.0
+# A mesh `oms up` has just started may take this long to serve (a shard replaying its
+# log, followers catching up on a loaded machine): the demo waits rather than fail.
+SERVING_WAIT_S = 60.0
 
 
 def register(subparsers: Any) -> None:
@@ -57,11 +62,33 @@ def run(arguments: argparse.Namespace) -> int:
     if record is not None:
         adopt_mesh_transports(state_dir, tls=record.tls)
     try:
-        asyncio.run(_demo(gateway, admin_key, admin_secret))
+        asyncio.run(_serving_then_demo(record, gateway, admin_key, admin_secret))
+    except NotServingError as error:
+        print(
+            f"oms demo: the mesh under {state_dir} is {error}; "
+            f"`oms status --state-dir {state_dir}` shows each process",
+            file=sys.stderr,
+        )
+        return 1
     except GatewayCallError as error:
         print(f"oms demo: the gateway refused: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _serving_then_demo(
+    record: MeshRecord | None, gateway: str, admin_key: str, admin_secret: str
+) -> None:
+    """With the local mesh's record: first wait until every process it started serves
+    (each, not only the gateway: a shard still replaying its log refuses orders)."""
+    if record is not None:
+        targets = targets_of_record(record)
+        addresses = {
+            f"{t.service}-{t.group}-{t.replica}" if t.service != "gateway" else "gateway": t.address
+            for t in targets
+        }
+        await wait_until_serving(addresses, SERVING_WAIT_S)
+    await _demo(gateway, admin_key, admin_secret)
 
 
 def amount(asset: str, minor_units: int) -> str:

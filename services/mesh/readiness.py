@@ -16,6 +16,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.clients.channels import gateway_channel, mesh_channel
 
 POLL_INTERVAL_S = 0.5
+# What `oms up` says once every service serves, and what `oms demo` waits for.
+READY_HINT = "try `oms demo` and `oms status` in another terminal"
+
+
+class NotServingError(Exception):
+    """Some services did not serve within the wait; the message names them."""
 
 
 async def serving(stub: health_pb2_grpc.HealthStub) -> bool:
@@ -26,13 +32,41 @@ async def serving(stub: health_pb2_grpc.HealthStub) -> bool:
     return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-async def report_readiness(addresses: Mapping[str, str]) -> None:
-    """Run until cancelled; `addresses` maps a service name to host:port. The gateway
-    is reached on its public port as a client would; the others as mesh peers."""
-    channels = {
+def _channels(addresses: Mapping[str, str]) -> dict[str, grpc.aio.Channel]:
+    return {
         name: (gateway_channel if name == "gateway" else mesh_channel)(address)
         for name, address in addresses.items()
     }
+
+
+async def wait_until_serving(addresses: Mapping[str, str], deadline_s: float) -> None:
+    """Return once every service of `addresses` answers SERVING; raise NotServingError
+    naming those that still do not after `deadline_s` (a mesh just started by `oms up`
+    takes some seconds: a shard replays its log, a follower catches up)."""
+    channels = _channels(addresses)
+    stubs = {name: health_pb2_grpc.HealthStub(channel) for name, channel in channels.items()}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    try:
+        while True:
+            answers = await asyncio.gather(*(serving(stub) for stub in stubs.values()))
+            waiting = [name for name, up in zip(stubs, answers, strict=True) if not up]
+            if not waiting:
+                return
+            if loop.time() >= deadline:
+                raise NotServingError(
+                    f"not serving after {deadline_s:.0f} s: {', '.join(sorted(waiting))}"
+                )
+            await asyncio.sleep(POLL_INTERVAL_S)
+    finally:
+        for channel in channels.values():
+            await channel.close()
+
+
+async def report_readiness(addresses: Mapping[str, str]) -> None:
+    """Run until cancelled; `addresses` maps a service name to host:port. The gateway
+    is reached on its public port as a client would; the others as mesh peers."""
+    channels = _channels(addresses)
     stubs = {name: health_pb2_grpc.HealthStub(channel) for name, channel in channels.items()}
     known: dict[str, bool] = {}
     announced = False
@@ -46,6 +80,7 @@ async def report_readiness(addresses: Mapping[str, str]) -> None:
                 print("[mesh] all services serving:", flush=True)
                 for name, address in addresses.items():
                     print(f"[mesh]   {name:<12} {address}", flush=True)
+                print(f"[mesh] ready; {READY_HINT}", flush=True)
             elif announced:
                 for name, up in states.items():
                     if known.get(name) != up:
