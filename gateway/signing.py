@@ -7,10 +7,11 @@ A request carries three metadata entries (gateway.proto):
                    for an HMAC key; hex Ed25519 signature (64 bytes) of the same text
                    for an Ed25519 key
 where body is the request message serialized deterministically, or empty for the
-streaming calls (authenticated once, at open). `gateway/SIGNING.md` has the exact
-bytes and test vectors for other languages. Binding the method into the signed
-text stops a signature for one call being replayed against another with the same
-bytes; binding the timestamp bounds replays to the server's window.
+streaming calls (authenticated once, at open). The manual's page
+`docs/api/keys-and-signing.md` has the exact bytes and test vectors for other
+languages. Binding the method into the signed text stops a signature for one call
+being replayed against another with the same bytes; binding the timestamp bounds
+replays to the server's window.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def ed25519_signature(
     private_key: Ed25519PrivateKey, timestamp_ms: int, method: str, body: bytes
 ) -> str:
     """An Ed25519 key's signature, hex (128 digits). Ed25519 is deterministic: the same
-    key and text always give the same signature, so SIGNING.md's vectors are exact."""
+    key and text always give the same signature, so the manual's vectors
+    (`docs/api/keys-and-signing.md`) are exact."""
     return private_key.sign(signed_text(timestamp_ms, method, body)).hex()
 
 

@@ -1,8 +1,8 @@
-"""The test vectors published in gateway/SIGNING.md, recomputed with the gateway's code.
+"""The test vectors published in the manual, recomputed with the gateway's code.
 
-A client written in another language is checked against that page; this keeps the page
-true: every body, signed text and signature in its JSON block must be what
-`gateway/signing.py` makes of the request given there.
+A client written in another language is checked against docs/api/keys-and-signing.md;
+this keeps the page true: every body, signed text and signature in its JSON blocks must
+be what `gateway/signing.py` makes of the request given there.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from gateway.signing import (
 from protos.oms.v1 import gateway_pb2
 from tests.service_process import ROOT
 
-PAGE = ROOT / "gateway" / "SIGNING.md"
+PAGE = ROOT / "docs" / "api" / "keys-and-signing.md"
 
 
 def published_blocks() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
