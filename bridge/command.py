@@ -12,6 +12,7 @@ from bridge.service import BridgeService
 from bridge.settings import BridgeSettings
 from services.clients.matcher_directory import MatcherDirectory
 from services.coordination.writer_tokens import WriterCredential
+from services.manual.settings_help import SERVICE_SHARED, list_settings
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing, tracing_enabled
@@ -33,6 +34,7 @@ def register(subparsers: Any) -> None:
     # Accepted so every service takes the same flags; the bridge keeps no state of its own
     # (its positions live in the shard), so the folder is not used.
     parser.add_argument("--data-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    list_settings(parser, BridgeSettings, shared=SERVICE_SHARED)
     parser.set_defaults(handler=run)
 
 

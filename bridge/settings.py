@@ -16,7 +16,11 @@ class BridgeSettings:
         default="127.0.0.1:7201",
         help="host:port of the shard, or etcd: its leader as etcd names it",
     )
-    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    etcd_endpoints: tuple[str, ...] = setting(
+        env="OMS_ETCD_ENDPOINTS",
+        default=(),
+        help="etcd's members, host:port,...: for the lease, and for addresses given as etcd",
+    )
     mesh_id: str = setting(
         env="OMS_MESH_ID",
         default=DEFAULT_MESH_ID,
@@ -59,6 +63,17 @@ class BridgeSettings:
         default=50,
         help="last prices are read and published at most this often (conflated)",
     )
-    backoff_initial_ms: int = setting(env="OMS_BRIDGE_BACKOFF_INITIAL_MS", default=100)
-    backoff_max_ms: int = setting(env="OMS_BRIDGE_BACKOFF_MAX_MS", default=2_000)
-    log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
+    backoff_initial_ms: int = setting(
+        env="OMS_BRIDGE_BACKOFF_INITIAL_MS",
+        default=100,
+        help="first wait before reconnecting to the shard or a matcher, in ms; it doubles"
+        " on each failure",
+    )
+    backoff_max_ms: int = setting(
+        env="OMS_BRIDGE_BACKOFF_MAX_MS",
+        default=2_000,
+        help="the longest wait between two reconnection attempts, in ms",
+    )
+    log_level: str = setting(
+        env="OMS_LOG_LEVEL", default="INFO", help="DEBUG, INFO, WARNING or ERROR (JSON lines)"
+    )

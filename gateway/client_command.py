@@ -35,6 +35,7 @@ from gateway.key_command import read_private_key, register_keys
 from gateway.local_mesh_client import adopt_local_mesh
 from gateway.settings import ClientSettings
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
+from services.manual.settings_help import TRANSPORT, list_settings
 from services.settings import SettingsError, load_settings
 
 SIDES = {"buy": common_pb2.SIDE_BUY, "sell": common_pb2.SIDE_SELL}
@@ -78,6 +79,7 @@ def register(subparsers: Any) -> None:
         dest="private_key_file",
         help="an Ed25519 key's private key (PEM), instead of --api-secret",
     )
+    list_settings(parser, ClientSettings, shared=(TRANSPORT,))
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     register_keys(actions)
     register_admin(actions)

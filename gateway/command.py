@@ -11,6 +11,7 @@ import uvloop
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from services.clients.matcher_directory import MatcherDirectoryError
+from services.manual.settings_help import SERVICE_SHARED, list_settings
 from services.markets.catalog import MarketCatalogError
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing
@@ -39,6 +40,7 @@ def register(subparsers: Any) -> None:
     # Accepted so every service takes the same flags (as the bridge does); the gateway keeps
     # no state of its own, so the folder is not used.
     parser.add_argument("--data-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    list_settings(parser, GatewaySettings, shared=SERVICE_SHARED)
     parser.set_defaults(handler=run)
 
 

@@ -11,7 +11,11 @@ from services.settings import setting
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    listen: str = setting(env="OMS_GATEWAY_LISTEN", default="127.0.0.1:7000")
+    listen: str = setting(
+        env="OMS_GATEWAY_LISTEN",
+        default="127.0.0.1:7000",
+        help="host:port the public order API and the admin API listen on (gRPC)",
+    )
     routing: str = setting(
         env="OMS_GATEWAY_ROUTING",
         default="static",
@@ -23,7 +27,9 @@ class GatewaySettings:
         default="127.0.0.1:7201",
         help="the one shard (static routing): host:port, or etcd (its leader, replicated)",
     )
-    shard_id: str = setting(env="OMS_SHARD_ID", default="s1")
+    shard_id: str = setting(
+        env="OMS_SHARD_ID", default="s1", help="the one shard's cluster id (static routing)"
+    )
     shards: str = setting(
         env="OMS_SHARDS",
         default="",
@@ -41,27 +47,46 @@ class GatewaySettings:
         help="how long a command may wait for a newer routing epoch (NOT_OWNER, a user in "
         "transit) before its client is told to retry",
     )
-    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    etcd_endpoints: tuple[str, ...] = setting(
+        env="OMS_ETCD_ENDPOINTS",
+        default=(),
+        help="etcd's members, host:port,...: needed by etcd routing and by any address"
+        " given as etcd (a shard, persister or matcher found by its leader's key)",
+    )
     mesh_id: str = setting(
         env="OMS_MESH_ID",
         default=DEFAULT_MESH_ID,
         help="this mesh's name in etcd, its keys' namespace (unique per etcd cluster)",
     )
-    persister_address: str = setting(env="OMS_PERSISTER_ADDRESS", default="127.0.0.1:7301")
+    persister_address: str = setting(
+        env="OMS_PERSISTER_ADDRESS",
+        default="127.0.0.1:7301",
+        help="the one shard's persister (static routing): host:port, or etcd (its leader)",
+    )
     matchers: str = setting(
         env="OMS_MATCHERS", default="", help="group=host:port,... for every matcher group"
     )
-    markets_file: Path | None = setting(env="OMS_MARKETS_FILE", default=None)
+    markets_file: Path | None = setting(
+        env="OMS_MARKETS_FILE", default=None, help="market catalog (default: packaged)"
+    )
     admin_api_key: str = setting(
         env="OMS_ADMIN_API_KEY", default="", help="empty: the admin API refuses every call"
     )
-    admin_api_secret: str = setting(env="OMS_ADMIN_API_SECRET", default="")
+    admin_api_secret: str = setting(
+        env="OMS_ADMIN_API_SECRET",
+        default="",
+        help="the admin key's HMAC secret (required when OMS_ADMIN_API_KEY is set)",
+    )
     timestamp_window_ms: int = setting(
         env="OMS_GATEWAY_TIMESTAMP_WINDOW_MS",
         default=5_000,
         help="signed requests older or newer than this are refused",
     )
-    credential_cache_size: int = setting(env="OMS_GATEWAY_CREDENTIAL_CACHE", default=100_000)
+    credential_cache_size: int = setting(
+        env="OMS_GATEWAY_CREDENTIAL_CACHE",
+        default=100_000,
+        help="API keys kept in memory, at most (the least recently used go first)",
+    )
     credential_ttl_ms: int = setting(
         env="OMS_GATEWAY_CREDENTIAL_TTL_MS",
         default=60_000,
@@ -97,8 +122,16 @@ class GatewaySettings:
         " bound); the orders that arrive meanwhile leave together in the next batch, so"
         " unary calls share messages and log entries as the load rises",
     )
-    persister_timeout_ms: int = setting(env="OMS_GATEWAY_PERSISTER_TIMEOUT_MS", default=5_000)
-    matcher_timeout_ms: int = setting(env="OMS_GATEWAY_MATCHER_TIMEOUT_MS", default=5_000)
+    persister_timeout_ms: int = setting(
+        env="OMS_GATEWAY_PERSISTER_TIMEOUT_MS",
+        default=5_000,
+        help="deadline of each call to a persister (keys, users, history, prefetch), in ms",
+    )
+    matcher_timeout_ms: int = setting(
+        env="OMS_GATEWAY_MATCHER_TIMEOUT_MS",
+        default=5_000,
+        help="deadline of an admin command to a matcher group (halt, resume, kill switch), in ms",
+    )
     prefetch_interval_ms: int = setting(
         env="OMS_GATEWAY_PREFETCH_INTERVAL_MS",
         default=60_000,
@@ -120,14 +153,20 @@ class GatewaySettings:
         help="serve gRPC server reflection (grpcurl and other tools list and call the API);"
         " it reveals only the public protos, and every call still needs its signature",
     )
-    log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
+    log_level: str = setting(
+        env="OMS_LOG_LEVEL", default="INFO", help="DEBUG, INFO, WARNING or ERROR (JSON lines)"
+    )
 
 
 @dataclass(frozen=True)
 class ClientSettings:
     """`oms client`: where the gateway is and whose key signs the calls."""
 
-    gateway_address: str = setting(env="OMS_GATEWAY_ADDRESS", default="127.0.0.1:7000")
+    gateway_address: str = setting(
+        env="OMS_GATEWAY_ADDRESS", default="127.0.0.1:7000", help="host:port of the gateway"
+    )
     user_id: int = setting(env="OMS_USER_ID", default=0, help="the account the key belongs to")
-    api_key: str = setting(env="OMS_API_KEY", default="")
-    api_secret: str = setting(env="OMS_API_SECRET", default="")
+    api_key: str = setting(
+        env="OMS_API_KEY", default="", help="the API key id that signs each call"
+    )
+    api_secret: str = setting(env="OMS_API_SECRET", default="", help="that key's HMAC secret")

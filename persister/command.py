@@ -11,6 +11,7 @@ import uvloop
 from persister.mesh_identity import MeshMismatchError
 from persister.running import serve
 from persister.settings import PersisterSettings
+from services.manual.settings_help import SERVICE_SHARED, list_settings
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing
 from services.settings import load_settings
@@ -26,6 +27,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--shard-id", default=None, dest="shard_id")
     # Accepted so every service takes the same flags; the persister keeps no local state.
     parser.add_argument("--data-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    list_settings(parser, PersisterSettings, shared=SERVICE_SHARED)
     parser.set_defaults(handler=run)
 
 

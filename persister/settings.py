@@ -16,7 +16,11 @@ class PersisterSettings:
         default="127.0.0.1:7201",
         help="host:port of the shard, or etcd: its leader as etcd names it",
     )
-    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    etcd_endpoints: tuple[str, ...] = setting(
+        env="OMS_ETCD_ENDPOINTS",
+        default=(),
+        help="etcd's members, host:port,...: for the lease, and for a shard address given as etcd",
+    )
     mesh_id: str = setting(
         env="OMS_MESH_ID",
         default=DEFAULT_MESH_ID,
@@ -27,7 +31,9 @@ class PersisterSettings:
         default=False,
         help="take the shard's etcd lease before writing; its term is the fencing token",
     )
-    listen: str = setting(env="OMS_PERSISTER_LISTEN", default="127.0.0.1:7301")
+    listen: str = setting(
+        env="OMS_PERSISTER_LISTEN", default="127.0.0.1:7301", help="gRPC listen address, host:port"
+    )
     advertise: str = setting(
         env="OMS_PERSISTER_ADVERTISE",
         default="",
@@ -45,14 +51,26 @@ class PersisterSettings:
         default=10,
         help="cadence of write-behind transactions",
     )
-    max_rows_per_transaction: int = setting(env="OMS_PERSISTER_MAX_BATCH_ROWS", default=5_000)
+    max_rows_per_transaction: int = setting(
+        env="OMS_PERSISTER_MAX_BATCH_ROWS",
+        default=5_000,
+        help="rows written in one write-behind transaction, at most",
+    )
     max_buffered_rows: int = setting(
         env="OMS_PERSISTER_MAX_BUFFERED_ROWS",
         default=200_000,
         help="the egress follower waits (backpressure) while this many rows await a write",
     )
-    read_workers: int = setting(env="OMS_PERSISTER_READ_WORKERS", default=4)
-    max_reads_per_query: int = setting(env="OMS_PERSISTER_MAX_READS_PER_QUERY", default=500)
+    read_workers: int = setting(
+        env="OMS_PERSISTER_READ_WORKERS",
+        default=4,
+        help="concurrent readers of each kind (hydrations, dedup lookups), each on a connection",
+    )
+    max_reads_per_query: int = setting(
+        env="OMS_PERSISTER_MAX_READS_PER_QUERY",
+        default=500,
+        help="users (or order ids) one read query asks PostgreSQL about, at most",
+    )
     max_pending_reads: int = setting(
         env="OMS_PERSISTER_MAX_PENDING_READS",
         default=50_000,
@@ -61,7 +79,11 @@ class PersisterSettings:
     unknown_user_ttl_ms: int = setting(
         env="OMS_PERSISTER_UNKNOWN_USER_TTL_MS", default=2_000, help="negative cache lifetime"
     )
-    max_unknown_users: int = setting(env="OMS_PERSISTER_MAX_UNKNOWN_USERS", default=100_000)
+    max_unknown_users: int = setting(
+        env="OMS_PERSISTER_MAX_UNKNOWN_USERS",
+        default=100_000,
+        help="user ids the negative cache holds, at most (the oldest go first)",
+    )
     flush_reanswer_window_ms: int = setting(
         env="OMS_PERSISTER_FLUSH_REANSWER_MS",
         default=30_000,
@@ -72,9 +94,19 @@ class PersisterSettings:
         default=2_000,
         help="a read as of a shard position waits this long for the writes before it (BEHIND)",
     )
-    pool_size: int = setting(env="OMS_PERSISTER_POOL_SIZE", default=8)
-    startup_timeout_ms: int = setting(env="OMS_PERSISTER_STARTUP_TIMEOUT_MS", default=30_000)
-    log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
+    pool_size: int = setting(
+        env="OMS_PERSISTER_POOL_SIZE",
+        default=8,
+        help="PostgreSQL connections; at least the read workers plus 2 (the writer, one RPC)",
+    )
+    startup_timeout_ms: int = setting(
+        env="OMS_PERSISTER_STARTUP_TIMEOUT_MS",
+        default=30_000,
+        help="at start, PostgreSQL and etcd are waited for this long before giving up, in ms",
+    )
+    log_level: str = setting(
+        env="OMS_LOG_LEVEL", default="INFO", help="DEBUG, INFO, WARNING or ERROR (JSON lines)"
+    )
     master_key: str = setting(
         env="OMS_PERSISTER_MASTER_KEY",
         default="",

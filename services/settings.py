@@ -87,9 +87,42 @@ def load_settings(
         raise SettingsError(f"missing settings for {cls.__name__}: {error}") from error
 
 
-def describe_settings(cls: type[Any]) -> list[tuple[str, str, str]]:
-    """(field, environment variable, help) for documentation and `--help` output."""
+@dataclasses.dataclass(frozen=True)
+class SettingDescription:
+    """One setting as documentation and `--help` show it."""
+
+    field: str
+    env: str
+    help: str
+    type: str  # what the environment variable holds, in words: "integer", "path", ...
+    default: Any  # dataclasses.MISSING when the setting is required
+
+
+def describe_settings(cls: type[Any]) -> list[SettingDescription]:
+    """Each field of settings class `cls`: its variable, help, type and default."""
+    hints = typing.get_type_hints(cls)
     return [
-        (field.name, field.metadata.get("env", ""), field.metadata.get("help", ""))
+        SettingDescription(
+            field=field.name,
+            env=field.metadata.get("env", ""),
+            help=field.metadata.get("help", ""),
+            type=type_name(hints[field.name]),
+            default=field.default,
+        )
         for field in dataclasses.fields(cls)
     ]
+
+
+def type_name(annotation: Any) -> str:
+    """What `_convert` reads for `annotation`, in words."""
+    origin = typing.get_origin(annotation)
+    arguments = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        non_none = [a for a in arguments if a is not type(None)]
+        return f"{type_name(non_none[0])}, or empty for none"
+    if origin is tuple:
+        item_type = arguments[0] if arguments else str
+        items = "" if item_type is str else f" of {type_name(item_type)}s"
+        return f"comma-separated list{items}"
+    names = {bool: "boolean", int: "integer", Path: "path", str: "text"}
+    return names.get(annotation, repr(annotation))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from services.manual.settings_help import TRANSPORT, list_settings
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -23,6 +25,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--liveness", default=None, help="kopf's health endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
+    # Named, not imported: its module imports kopf, loaded only when the operator runs.
+    list_settings(parser, "k8s.operator.handlers:OperatorSettings", shared=(TRANSPORT,))
     parser.set_defaults(handler=run)
 
 

@@ -61,15 +61,28 @@ registry = kopf.OperatorRegistry()
 
 @dataclass(frozen=True)
 class OperatorSettings:
-    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
-    mesh_id: str = setting(env="OMS_MESH_ID", default=DEFAULT_MESH_ID)
+    etcd_endpoints: tuple[str, ...] = setting(
+        env="OMS_ETCD_ENDPOINTS",
+        default=(),
+        help="etcd's members, host:port,... (required): the routing document and leader keys",
+    )
+    mesh_id: str = setting(
+        env="OMS_MESH_ID",
+        default=DEFAULT_MESH_ID,
+        help="this mesh's name in etcd, its keys' namespace (unique per etcd cluster)",
+    )
     workloads: str = setting(
         env="OMS_OPERATOR_WORKLOADS",
         default="kubernetes",
         help="kubernetes: the operator creates a new cluster's objects (cloned from s1's) "
         "and deletes a removed one's; external: someone else deploys them",
     )
-    namespace: str = setting(env="POD_NAMESPACE", default="oms")
+    namespace: str = setting(
+        env="POD_NAMESPACE",
+        default="oms",
+        help="the namespace watched when no --namespace is given, and where new clusters'"
+        " objects are made",
+    )
 
 
 @dataclass

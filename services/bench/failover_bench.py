@@ -745,7 +745,9 @@ def plan_groups(
 class CatalogSetting:
     """The catalog the matcher reads, so the orders fit its markets."""
 
-    markets_file: Path | None = setting(env="OMS_MARKETS_FILE", default=None)
+    markets_file: Path | None = setting(
+        env="OMS_MARKETS_FILE", default=None, help="market catalog (default: packaged)"
+    )
 
 
 def goal_s(lease_ttl_s: int) -> float:

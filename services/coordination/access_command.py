@@ -23,6 +23,7 @@ from services.coordination.etcd_access import grant_mesh_access
 from services.coordination.etcd_endpoints import EndpointError, uses_tls
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import DEFAULT_MESH_ID
+from services.manual.settings_help import TRANSPORT, list_settings
 from services.settings import load_settings, setting
 
 RETRY_S = 2.0
@@ -53,6 +54,7 @@ def register(subparsers: Any) -> None:
         default=120.0,
         help="how long to wait for etcd to answer before giving up",
     )
+    list_settings(parser, AccessSettings, shared=(TRANSPORT,))
     parser.set_defaults(handler=run_access)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from services.infra.errors import InfraError
 from services.infra.local_infra import LocalInfra, ServerState, ServerStatus
 from services.infra.settings import InfraSettings
+from services.manual.settings_help import list_settings
 from services.settings import SettingsError, load_settings
 
 # `oms infra status` exits with this when something is down, as `pg_ctl status` does.
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="folder for data, logs and infra.json (default: $OMS_STATE_DIR, else ./state)",
     )
+    list_settings(infra, InfraSettings)
     actions = infra.add_subparsers(dest="infra_action", required=True, metavar="ACTION")
     for name, help_text, handler in (
         ("up", "start what is not running yet (idempotent)", run_up),
@@ -40,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ("status", f"show each server; exit {EXIT_NOT_RUNNING} if any is down", run_status),
     ):
         action = actions.add_parser(name, help=help_text, parents=[common])
+        list_settings(action, InfraSettings)
         action.set_defaults(handler=handler)
 
 

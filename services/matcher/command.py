@@ -9,6 +9,7 @@ from typing import Any
 import uvloop
 
 from services.coordination.writer_tokens import WriterFences
+from services.manual.settings_help import SERVICE_SHARED, list_settings
 from services.markets.catalog import load_catalog
 from services.matcher.core.machine import MatcherEgress, MatcherMachine
 from services.matcher.core.settings import EngineSettings, SymbolSettings
@@ -32,6 +33,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--listen", default=None, help="host:port (env OMS_MATCHER_LISTEN)")
     parser.add_argument("--data-dir", type=Path, default=None, dest="data_dir")
     parser.add_argument("--markets-file", type=Path, default=None, dest="markets_file")
+    list_settings(parser, MatcherServiceSettings, shared=SERVICE_SHARED)
     parser.set_defaults(handler=run)
 
 

@@ -21,15 +21,34 @@ class MatcherServiceSettings:
     markets_file: Path | None = setting(
         env="OMS_MARKETS_FILE", default=None, help="market catalog (default: packaged)"
     )
-    dedup_horizon_ms: int = setting(env="OMS_MATCHER_DEDUP_HORIZON_MS", default=600_000)
-    retained_events_per_shard: int = setting(env="OMS_MATCHER_RETAINED_EVENTS", default=100_000)
-    snapshot_interval_entries: int = setting(env="OMS_MATCHER_SNAPSHOT_ENTRIES", default=200_000)
+    dedup_horizon_ms: int = setting(
+        env="OMS_MATCHER_DEDUP_HORIZON_MS",
+        default=600_000,
+        help="a finished order's id stays known (a re-sent submit is a duplicate) this"
+        " long after it ends, in ms",
+    )
+    retained_events_per_shard: int = setting(
+        env="OMS_MATCHER_RETAINED_EVENTS",
+        default=100_000,
+        help="events kept per user shard for a bridge that resumes; older ones are gone"
+        " (the reconciler heals what a resume past them missed)",
+    )
+    snapshot_interval_entries: int = setting(
+        env="OMS_MATCHER_SNAPSHOT_ENTRIES",
+        default=200_000,
+        help="log entries between two snapshots (0: none); the log is truncated behind one",
+    )
     checkpoint_interval_entries: int = setting(
         env="OMS_MATCHER_CHECKPOINT_ENTRIES",
         default=10_000,
         help="entries between two logged state hashes (checked by replays and followers)",
     )
-    timer_interval_ms: int = setting(env="OMS_MATCHER_TIMER_MS", default=50)
+    timer_interval_ms: int = setting(
+        env="OMS_MATCHER_TIMER_MS",
+        default=50,
+        help="spacing of timer entries in the log (GTD expiries, dedup sweeps), in ms; it"
+        " widens up to OMS_MATCHER_IDLE_TIMER_MS while idle",
+    )
     idle_timer_interval_ms: int = setting(
         env="OMS_MATCHER_IDLE_TIMER_MS",
         default=500,
@@ -45,7 +64,11 @@ class MatcherServiceSettings:
         help="file: one replica, its log on local disk; etcd: a replica of a group whose"
         " log is in etcd (OMS_ETCD_ENDPOINTS), led by the holder of its leader key",
     )
-    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    etcd_endpoints: tuple[str, ...] = setting(
+        env="OMS_ETCD_ENDPOINTS",
+        default=(),
+        help="etcd's members, host:port,...: the etcd log and the leader key (OMS_MATCHER_LOG=etcd)",
+    )
     mesh_id: str = setting(
         env="OMS_MESH_ID",
         default=DEFAULT_MESH_ID,
@@ -64,4 +87,6 @@ class MatcherServiceSettings:
         default=30,
         help="how often the leader compacts etcd's history behind its log (etcd log only)",
     )
-    log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
+    log_level: str = setting(
+        env="OMS_LOG_LEVEL", default="INFO", help="DEBUG, INFO, WARNING or ERROR (JSON lines)"
+    )

@@ -10,6 +10,13 @@ import uvloop
 
 from services.clients.matcher_directory import MatcherDirectory
 from services.coordination.writer_tokens import WriterCredential
+from services.manual.settings_help import (
+    CHANNELZ,
+    HEALTH_PROBE,
+    METRICS,
+    TRANSPORT,
+    list_settings,
+)
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.reconciler.service import ReconcilerService
@@ -31,6 +38,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--markets-file", type=Path, default=None, dest="markets_file")
     # Accepted so every service takes the same flags; the reconciler keeps no state.
     parser.add_argument("--data-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    # No tracing: the reconciler's calls belong to no order.
+    list_settings(parser, ReconcilerSettings, shared=(TRANSPORT, METRICS, HEALTH_PROBE, CHANNELZ))
     parser.set_defaults(handler=run)
 
 

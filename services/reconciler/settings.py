@@ -16,7 +16,11 @@ class ReconcilerSettings:
         default="127.0.0.1:7201",
         help="host:port of the shard, or etcd: its leader as etcd names it",
     )
-    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    etcd_endpoints: tuple[str, ...] = setting(
+        env="OMS_ETCD_ENDPOINTS",
+        default=(),
+        help="etcd's members, host:port,...: for the lease, and for addresses given as etcd",
+    )
     mesh_id: str = setting(
         env="OMS_MESH_ID",
         default=DEFAULT_MESH_ID,
@@ -49,9 +53,12 @@ class ReconcilerSettings:
         env="OMS_RECONCILER_ONLY_ON_DRIFT",
         default=True,
         help="report only disagreements unchanged between two looks a round apart; "
-        "off reports every (user, group) every round: unsafe under load (see sweep.py)",
+        "off reports every (user, group) every round: unsafe under load"
+        " (services/reconciler/sweep.py)",
     )
-    log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
+    log_level: str = setting(
+        env="OMS_LOG_LEVEL", default="INFO", help="DEBUG, INFO, WARNING or ERROR (JSON lines)"
+    )
 
     def __post_init__(self) -> None:
         if self.interval_ms <= 0 or self.max_users_per_round <= 0:

@@ -47,6 +47,7 @@ from pathlib import Path
 from services.coordination.errors import CoordinationUnavailable
 from services.coordination.etcd_session import EtcdSession
 from services.coordination.group_keys import DEFAULT_MESH_ID
+from services.manual.settings_help import TRANSPORT, list_settings
 from services.mesh import upgrade_command
 from services.mesh.local_mesh import LocalMesh, state_dir_of
 from services.routing.core.routing_changes import (
@@ -69,8 +70,16 @@ from services.settings import load_settings, setting
 
 @dataclass(frozen=True)
 class OmsctlSettings:
-    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
-    mesh_id: str = setting(env="OMS_MESH_ID", default=DEFAULT_MESH_ID)
+    etcd_endpoints: tuple[str, ...] = setting(
+        env="OMS_ETCD_ENDPOINTS",
+        default=(),
+        help="etcd's members, host:port,...: the routing document and the leaders' keys",
+    )
+    mesh_id: str = setting(
+        env="OMS_MESH_ID",
+        default=DEFAULT_MESH_ID,
+        help="this mesh's name in etcd, its keys' namespace (unique per etcd cluster)",
+    )
     shards: str = setting(
         env="OMS_SHARDS",
         default="",
@@ -288,6 +297,7 @@ def parser() -> argparse.ArgumentParser:
             default=10.0,
             help="how long a user may take to go flat; past it, it stays where it was",
         )
+    list_settings(top, OmsctlSettings, shared=(TRANSPORT,))
     return top
 
 

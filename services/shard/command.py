@@ -10,6 +10,7 @@ from typing import Any
 import uvloop
 
 from services.coordination.writer_tokens import WriterFences
+from services.manual.settings_help import SERVICE_SHARED, list_settings
 from services.markets.catalog import load_catalog
 from services.observability.logs import configure_logging
 from services.observability.tracing import configure_tracing
@@ -40,6 +41,7 @@ def register(subparsers: Any) -> None:
         " links to the shard in-process (each configured by its own OMS_* settings;"
         " services/shard/colocated.py)",
     )
+    list_settings(parser, ShardServiceSettings, shared=SERVICE_SHARED)
     parser.set_defaults(handler=run)
 
 

@@ -12,12 +12,33 @@ from services.settings import setting
 @dataclass(frozen=True)
 class ShardServiceSettings:
     shard_id: str = setting(env="OMS_SHARD_ID", default="s1", help="prefixes every order id")
-    listen: str = setting(env="OMS_SHARD_LISTEN", default="127.0.0.1:7201")
-    data_dir: Path = setting(env="OMS_SHARD_DATA_DIR", default=Path("state/shard"))
-    markets_file: Path | None = setting(env="OMS_MARKETS_FILE", default=None)
-    snapshot_interval_entries: int = setting(env="OMS_SHARD_SNAPSHOT_ENTRIES", default=200_000)
-    checkpoint_interval_entries: int = setting(env="OMS_SHARD_CHECKPOINT_ENTRIES", default=100_000)
-    timer_interval_ms: int = setting(env="OMS_SHARD_TIMER_MS", default=100)
+    listen: str = setting(
+        env="OMS_SHARD_LISTEN", default="127.0.0.1:7201", help="gRPC listen address, host:port"
+    )
+    data_dir: Path = setting(
+        env="OMS_SHARD_DATA_DIR",
+        default=Path("state/shard"),
+        help="the replica's folder: its log (file log) and its snapshots",
+    )
+    markets_file: Path | None = setting(
+        env="OMS_MARKETS_FILE", default=None, help="market catalog (default: packaged)"
+    )
+    snapshot_interval_entries: int = setting(
+        env="OMS_SHARD_SNAPSHOT_ENTRIES",
+        default=200_000,
+        help="log entries between two snapshots (0: none); the log is truncated behind one",
+    )
+    checkpoint_interval_entries: int = setting(
+        env="OMS_SHARD_CHECKPOINT_ENTRIES",
+        default=100_000,
+        help="entries between two logged state hashes (checked by replays and followers)",
+    )
+    timer_interval_ms: int = setting(
+        env="OMS_SHARD_TIMER_MS",
+        default=100,
+        help="spacing of timer entries in the log (eviction sweeps, redrives), in ms; it"
+        " widens up to OMS_SHARD_IDLE_TIMER_MS while idle",
+    )
     idle_timer_interval_ms: int = setting(
         env="OMS_SHARD_IDLE_TIMER_MS",
         default=1_000,
@@ -30,11 +51,35 @@ class ShardServiceSettings:
     saturation_dwell_ms: int = setting(
         env="OMS_SHARD_SATURATION_DWELL_MS", default=10, help="queue dwell that raises an alert"
     )
-    idle_ttl_ms: int = setting(env="OMS_SHARD_IDLE_TTL_MS", default=30 * 60_000)
-    max_resident: int = setting(env="OMS_SHARD_MAX_RESIDENT", default=2_000_000)
-    max_in_flight_sagas: int = setting(env="OMS_SHARD_MAX_IN_FLIGHT", default=100_000)
-    max_inflight_batches: int = setting(env="OMS_SHARD_MAX_INFLIGHT_BATCHES", default=64)
-    retained_egress_records: int = setting(env="OMS_SHARD_RETAINED_EGRESS", default=100_000)
+    idle_ttl_ms: int = setting(
+        env="OMS_SHARD_IDLE_TTL_MS",
+        default=30 * 60_000,
+        help="a flat user idle this long (consensus time, ms) is evicted: written back to"
+        " PostgreSQL and dropped from memory",
+    )
+    max_resident: int = setting(
+        env="OMS_SHARD_MAX_RESIDENT",
+        default=2_000_000,
+        help="resident users, at most: past it the least recently used flat users are"
+        " evicted before their idle time",
+    )
+    max_in_flight_sagas: int = setting(
+        env="OMS_SHARD_MAX_IN_FLIGHT",
+        default=100_000,
+        help="submits and cancels on their way to the matchers, at most: new orders are"
+        " refused BACKPRESSURE (retryable) past it",
+    )
+    max_inflight_batches: int = setting(
+        env="OMS_SHARD_MAX_INFLIGHT_BATCHES",
+        default=64,
+        help="command batches of one Execute stream in the log and not yet answered, at most",
+    )
+    retained_egress_records: int = setting(
+        env="OMS_SHARD_RETAINED_EGRESS",
+        default=100_000,
+        help="durable egress kept for subscribers to resume from, in log records (and at"
+        " most OMS_SHARD_RETAINED_EGRESS_ITEMS items)",
+    )
     retained_egress_items: int = setting(
         env="OMS_SHARD_RETAINED_EGRESS_ITEMS",
         default=4_000_000,
@@ -49,7 +94,11 @@ class ShardServiceSettings:
         help="file: one replica, its log on local disk; etcd: a replica of a group whose"
         " log is in etcd (OMS_ETCD_ENDPOINTS), led by the holder of its leader key",
     )
-    etcd_endpoints: tuple[str, ...] = setting(env="OMS_ETCD_ENDPOINTS", default=())
+    etcd_endpoints: tuple[str, ...] = setting(
+        env="OMS_ETCD_ENDPOINTS",
+        default=(),
+        help="etcd's members, host:port,...: the etcd log and the leader key (OMS_SHARD_LOG=etcd)",
+    )
     mesh_id: str = setting(
         env="OMS_MESH_ID",
         default=DEFAULT_MESH_ID,
@@ -68,4 +117,6 @@ class ShardServiceSettings:
         default=30,
         help="how often the leader compacts etcd's history behind its log (etcd log only)",
     )
-    log_level: str = setting(env="OMS_LOG_LEVEL", default="INFO")
+    log_level: str = setting(
+        env="OMS_LOG_LEVEL", default="INFO", help="DEBUG, INFO, WARNING or ERROR (JSON lines)"
+    )
