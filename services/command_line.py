@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from services.runtime.core.replica import UnsupportedVersionError
 from services.settings import SettingsError
@@ -41,15 +42,34 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("etcd-access", "services.coordination.access_command"),
 )
 
+# `oms --help` lists the subcommands by task, in this order: (heading, what it adds,
+# subcommands). Every subcommand of SUBCOMMANDS is in exactly one group; the reference
+# page docs/reference/commands.md is grouped the same way.
+COMMAND_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("run a mesh on this machine", "", ("up", "infra", "demo")),
+    ("trade and manage from a terminal", "", ("client",)),
+    (
+        "operate a mesh",
+        "omsctl, a command of its own, moves users between shard clusters: the routing"
+        " document, scaling and waves (omsctl --help).",
+        ("status", "upgrade", "audit", "tls", "etcd-access"),
+    ),
+    (
+        "the services (what `oms up` and the Kubernetes manifests run)",
+        "Each lists the environment variables it reads at the end of its --help.",
+        ("gateway", "shard", "matcher", "persister", "bridge", "reconciler", "operator"),
+    ),
+    ("measure and test", "", ("bench", "sim", "chaos")),
+)
+DESCRIPTION = "OMS mesh: order management for a spot exchange."
+EPILOG = "Every command's flags: oms COMMAND --help, or docs/reference/commands.md."
+
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser for `argv`: with a subcommand named, only that subcommand's module is
     imported (a service process loads what it runs, not every service: half a second
     of CPU at each start); otherwise every one, so that `oms --help` lists them all."""
-    parser = argparse.ArgumentParser(
-        prog="oms",
-        description="OMS mesh: order management for a spot exchange.",
-    )
+    parser = argparse.ArgumentParser(prog="oms", description=DESCRIPTION, epilog=EPILOG)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     words = list(sys.argv[1:] if argv is None else argv)
     chosen = next((word for word in words if not word.startswith("-")), None)
@@ -59,7 +79,24 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(module_path)
         module.register(subparsers)
+    _group_commands(parser, subparsers)
     return parser
+
+
+def _group_commands(
+    parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction[Any]
+) -> None:
+    """List the subcommands under COMMAND_GROUPS' headings, each with its own one-line
+    help, instead of in one list (argparse groups arguments, not subcommands: each
+    heading is an argument group holding the subcommands' entries; parsing is as before)."""
+    entries = {entry.dest: entry for entry in subparsers._choices_actions}
+    for heading, description, names in COMMAND_GROUPS:
+        group = parser.add_argument_group(heading, description or None)
+        group._group_actions.extend(entries[name] for name in names if name in entries)
+    # The COMMAND positional keeps its place in the usage line only; options go last.
+    parser._positionals._group_actions.remove(subparsers)
+    parser._action_groups.remove(parser._optionals)
+    parser._action_groups.append(parser._optionals)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
