@@ -9,7 +9,7 @@ Without `--host` the certificate is a mesh service's (its name and the mesh's,
 alone for those names (the gateway's public port: no client of the mesh), unless
 `--client` (etcd's members: servers that are also clients of each other). The name
 is the certificate's common name, which etcd takes as the user. The files go into
-Kubernetes as Secrets (`k8s/README.md`).
+Kubernetes as Secrets (`docs/operations/tls.md`).
 """
 
 from __future__ import annotations

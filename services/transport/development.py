@@ -10,7 +10,7 @@ its own (`etcd-server`, for localhost, 127.0.0.1 and ::1), its health probes one
 `services/coordination/etcd_access.py`). A certificate is issued
 again when it is missing, expires within 30 days or is not the authority's; keys
 are 0600 and the folder 0700. Nothing here is meant for production: there the
-files come from the deployment's PKI (`k8s/README.md`).
+files come from the deployment's PKI (`docs/operations/tls.md`).
 """
 
 from __future__ import annotations
