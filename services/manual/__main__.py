@@ -1,6 +1,7 @@
 """`python -m services.manual` rewrites the reference pages in docs/reference/ from the
 code (`make reference`); `--check` changes nothing and exits 1 naming each page that
-differs from what the code generates."""
+differs from what the code generates; `--uncommented` lists the proto elements
+(RPCs, messages, fields, enums and values) that have no comment."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="only compare; exit 1 if a page differs"
     )
+    parser.add_argument(
+        "--uncommented", action="store_true", help="list the proto elements with no comment"
+    )
     arguments = parser.parse_args(argv)
+    if arguments.uncommented:
+        from services.manual import api_reference  # noqa: PLC0415  (protoc: only when asked)
+
+        for element in api_reference.uncommented():
+            print(f"{element.file}: {element.kind} {element.name}")
+        return 0
     if arguments.check:
         stale = pages.differing()
         for page in stale:

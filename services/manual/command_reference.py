@@ -4,7 +4,8 @@ parsers (`services.command_line.build_parser`, `services.routing.omsctl.parser`)
 Each command, at every depth, gets its usage line, its description and a table of its
 arguments (with their defaults and help). The page is grouped by task as `oms --help`
 is (`COMMAND_GROUPS`). Whatever the terminal, the text is formatted `WIDTH` columns
-wide, so the page is the same on every machine.
+wide, so the page is the same on every machine; usage lines are argparse's, as the
+Python of `make install` (3.11) formats them.
 """
 
 from __future__ import annotations

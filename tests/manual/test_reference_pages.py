@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,14 @@ from services.manual.settings_help import resolve
 from services.manual.settings_reference import SECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
+GENERATED_BY = (3, 11)  # the Python of make install, whose argparse wrote commands.md
 CODE_FOLDERS = ("services", "gateway", "bridge", "persister", "k8s", "auditor", "simulation")
 
 
 @pytest.mark.parametrize("page", sorted(pages.PAGES))
 def test_the_checked_in_page_is_what_the_code_generates(page: str) -> None:
+    if page.endswith("commands.md") and sys.version_info[:2] != GENERATED_BY:
+        pytest.skip("argparse's text as Python 3.11 formats it (make install's python3.11)")
     checked_in = (ROOT / page).read_text()
     assert checked_in == pages.generate(page), (
         f"{page} differs from what the code generates: run `make reference` and commit it"
