@@ -12,9 +12,11 @@ gives the gateway, its authority and, for `admin` and `keys`, the admin key
 Amounts are shown as the integers the system keeps (prices in ticks, quantities
 in lots, balances in the asset's minor units). A call the mesh cannot answer now
 (UNAVAILABLE, TIMEOUT: a shard's election) is sent again, the same request, for at
-most 20 s, with one line on stderr saying it waits (`gateway/client_waits.py`).
+most 20 s, with one line on stderr saying it waits (`gateway/client_waits.py`); a
+gateway that never answers is named, with what to run (no mesh in the state folder:
+`make run`, or `--gateway`).
 Exit status: 0 done, 1 refused (by the gateway, or an order/cancel the shard did not
-accept), 2 bad usage.
+accept) or no answer, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from typing import Any
 
 from gateway.admin_command import register_admin
 from gateway.client import GatewayCallError, OmsClient
-from gateway.client_waits import through_elections
+from gateway.client_waits import refusal, through_elections
 from gateway.key_command import read_private_key, register_keys
-from gateway.local_mesh_client import adopt_local_mesh
+from gateway.local_mesh_client import adopt_local_mesh, gateway_named
 from gateway.settings import ClientSettings
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from services.manual.settings_help import TRANSPORT, list_settings
@@ -149,7 +151,7 @@ def _history_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _client(arguments: argparse.Namespace) -> OmsClient:
-    adopt_local_mesh(arguments)  # no gateway named: the local mesh's, if there is one
+    local = adopt_local_mesh(arguments)  # no gateway named: the local mesh's, if there is one
     settings = load_settings(
         ClientSettings,
         overrides={
@@ -163,9 +165,16 @@ def _client(arguments: argparse.Namespace) -> OmsClient:
         read_private_key(arguments.private_key_file) if arguments.private_key_file else None
     )
     if not (settings.user_id and settings.api_key and (settings.api_secret or private_key)):
+        made_by = (
+            f"; on the local mesh under {local.state_dir}, `oms client --user-id N keys create`"
+            " makes a user's key (with the folder's admin key)"
+            if local is not None
+            else ""
+        )
         raise SettingsError(
             "a user id, API key and secret are needed: --user-id/--api-key/--api-secret "
             "or OMS_USER_ID/OMS_API_KEY/OMS_API_SECRET (an Ed25519 key: --private-key-file)"
+            + made_by
         )
     return OmsClient(
         settings.gateway_address,
@@ -188,8 +197,7 @@ def _run(arguments: argparse.Namespace, action: Any) -> int:
         print(f"oms client: {error}", file=sys.stderr)
         return 2
     except GatewayCallError as error:
-        reason = error.reason.removeprefix("GATEWAY_ERROR_REASON_") or error.code.name
-        print(f"refused: {reason}: {error.detail}", file=sys.stderr)
+        print(refusal(error, "oms client", *gateway_named(arguments)), file=sys.stderr)
         return 1
 
 

@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from gateway.client import AdminClient, GatewayCallError
-from gateway.client_waits import through_elections
-from gateway.local_mesh_client import admin_key_of
+from gateway.client_waits import refusal, through_elections
+from gateway.local_mesh_client import admin_key_of, gateway_named
 from gateway.settings import ClientSettings
 from protos.oms.v1 import common_pb2, gateway_pb2
 from services.settings import SettingsError, load_settings
@@ -131,8 +131,7 @@ def run_admin(
         print(f"{command}: {error}", file=sys.stderr)
         return 2
     except GatewayCallError as error:
-        reason = error.reason.removeprefix("GATEWAY_ERROR_REASON_") or error.code.name
-        print(f"refused: {reason}: {error.detail}", file=sys.stderr)
+        print(refusal(error, command, *gateway_named(arguments)), file=sys.stderr)
         return 1
 
 

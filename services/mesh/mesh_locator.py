@@ -31,6 +31,26 @@ class MeshNotFoundError(Exception):
 class MeshLocation:
     title: str  # "mesh m1 under state/", "mesh m1 in etcd host:port"
     find: Callable[[], Awaitable[list[ProcessTarget]]]  # its processes, asked anew
+    # Why `find` may find nothing there, and what to run instead (said when it does).
+    nothing_found: str = "no process found"
+    # Each shard replica's process runs its cluster's other roles (`oms up --colocate`).
+    colocated: bool = False
+
+
+def nothing_in_etcd(mesh_id: str, local: LocalMesh | None, command: str) -> str:
+    """Why etcd names no process of `mesh_id`: for a local mesh of one replica per group,
+    that it keeps nothing there and how to ask it instead."""
+    if local is not None and local.record.mesh_id == mesh_id and not local.record.replicated:
+        return (
+            "this mesh runs one replica per group, on file logs: its processes keep nothing"
+            f" in etcd (no replica registry, no leader keys); `{command} --state-dir"
+            f" {local.state_dir}` without --etcd asks them, as its state folder names them"
+        )
+    return (
+        f"etcd names no process of mesh {mesh_id}: is the mesh id right (--mesh-id,"
+        " OMS_MESH_ID)? Only replicated groups and their leader-only roles register there;"
+        " a mesh of one replica per group registers nothing"
+    )
 
 
 def add_location_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +89,12 @@ async def located_mesh(arguments: argparse.Namespace, command: str) -> AsyncIter
             return targets
 
         name = local.record.mesh_id or "(unnamed)"
-        yield MeshLocation(f"mesh {name} under {state_dir}", recorded)
+        yield MeshLocation(
+            f"mesh {name} under {state_dir}",
+            recorded,
+            "its record names none",
+            colocated=local.record.colocated,
+        )
         return
     text = arguments.etcd or os.environ.get("OMS_ETCD_ENDPOINTS", "")
     endpoints = [e.strip() for e in text.split(",") if e.strip()] or list(
@@ -91,4 +116,8 @@ async def located_mesh(arguments: argparse.Namespace, command: str) -> AsyncIter
         async def found() -> list[ProcessTarget]:
             return await targets_in_etcd(session, mesh_id, arguments.gateway)
 
-        yield MeshLocation(f"mesh {mesh_id} in etcd {','.join(endpoints)}", found)
+        yield MeshLocation(
+            f"mesh {mesh_id} in etcd {','.join(endpoints)}",
+            found,
+            nothing_in_etcd(mesh_id, local, command),
+        )

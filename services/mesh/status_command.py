@@ -7,7 +7,9 @@ Asks each for its `oms.v1.Status` within `--timeout-s` and prints the table
 (`status_rows.py` says what each column means), or `--json`; `--watch` redraws it
 every second until Ctrl-C. The exit status is 0 when every process answered and
 nothing is wrong, 1 otherwise (a process missing, a lease in doubt, replicas whose
-state hashes differ), 2 when no mesh was found.
+state hashes differ), 2 when no mesh was found (with `--etcd`: when etcd names none
+of its processes, as for a mesh of one replica per group, which keeps nothing there:
+it says so, and that `oms status` without `--etcd` asks it).
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ def run(arguments: argparse.Namespace) -> int:
 async def _run(arguments: argparse.Namespace) -> int:
     try:
         async with located_mesh(arguments, "oms status") as mesh:
-            return await _show(arguments, mesh.title, mesh.find)
+            return await _show(
+                arguments, mesh.title, mesh.find, mesh.nothing_found, colocated=mesh.colocated
+            )
     except MeshNotFoundError as error:
         print(error, file=sys.stderr)
         return 2
@@ -60,6 +64,9 @@ async def _show(
     arguments: argparse.Namespace,
     title: str,
     find: Callable[[], Awaitable[list[ProcessTarget]]],
+    nothing_found: str = "no process found",
+    *,
+    colocated: bool = False,
 ) -> int:
     while True:
         try:
@@ -71,7 +78,14 @@ async def _show(
                 return 1
             await asyncio.sleep(WATCH_INTERVAL_S)
             continue
-        rows = rows_of(await probe_all(targets, arguments.timeout_s))
+        if all(target.service == "gateway" for target in targets):
+            # Nothing of the mesh where it was looked for (the gateways were given).
+            print(f"oms status: {title}: {nothing_found}", file=sys.stderr, flush=True)
+            if not targets and not arguments.watch:
+                if arguments.json:
+                    print(json.dumps([]))
+                return 2
+        rows = rows_of(await probe_all(targets, arguments.timeout_s), colocated)
         healthy = all(row.health == "ok" for row in rows)
         if arguments.json:
             print(json.dumps([row.as_json() for row in rows]), flush=True)
@@ -87,7 +101,15 @@ async def _show(
 def _summary(rows: list[StatusRow]) -> str:
     missing = [row for row in rows if row.role == ""]
     wrong = [row for row in rows if row.role and row.health != "ok"]
-    parts = [f"{len(rows) - len(missing)} of {len(rows)} processes answered"]
+    # A persister answers only once it writes: a standby one is known by its process.
+    quiet = [row for row in rows if row.service == "persister" and row.role == "standby"]
+    answered = len(rows) - len(missing) - len(quiet)
+    parts = [f"{answered} of {len(rows)} processes answered"]
+    if quiet:
+        parts.append(
+            f"{len(quiet)} standby persister(s) beside follower shard replicas, alive with"
+            " their replica's process (a persister listens once its replica leads)"
+        )
     if wrong:
         parts.append(f"{len(wrong)} not healthy")
     return "; ".join(parts)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import grpc
 
 from protos.oms.v1 import status_pb2, status_pb2_grpc
+from services.clients.call_failures import call_failure
 from services.clients.channels import gateway_channel, mesh_channel
 from services.mesh.status_rows import ProcessReport, ProcessTarget
 
@@ -39,10 +40,9 @@ async def probe(target: ProcessTarget, timeout_s: float) -> ProcessReport:
             )
     except grpc.aio.AioRpcError as error:
         waited_s = time.monotonic() - started
-        why = error.code().name
         if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            why += f" after {waited_s:.1f} s"
-        return ProcessReport(target, failure=f"no answer: {why}")
+            return ProcessReport(target, failure=f"no answer within {waited_s:.1f} s")
+        return ProcessReport(target, failure=f"no answer: {call_failure(error, timeout_s)}")
     except (OSError, ValueError) as error:  # an address that does not parse or resolve
         return ProcessReport(target, failure=f"no answer: {error}")
     return ProcessReport(target, dict(report.counters), dict(report.info))

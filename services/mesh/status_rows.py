@@ -12,13 +12,16 @@ report:
   first replica) is flagged MISMATCH: it computed a different state from the same log;
 - a persister's lag: its shard leader's applied position minus the position it has
   written through.
-A process that did not answer is a row too, with why (`health`), never left out.
+A process that did not answer is a row too, with why (`health`), never left out;
+but in a co-located replicated cluster (`oms up --replicas 3 --colocate`) a persister
+beside a follower shard replica listens only once that replica leads: when the
+replica (its own process) answers as a follower, the persister is a standby, healthy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 HASH_PREFIX = 12  # hex digits shown; the JSON has the whole hash
 REPLICATED = ("shard", "matcher")  # the replicated state machines: hashes, terms, lag
@@ -63,17 +66,41 @@ class StatusRow:
     resident_users: int | None
     sagas_in_flight: int | None
     written_through: int | None  # a persister's write-behind watermark
-    health: str  # "ok", or what is wrong ("no answer: DEADLINE_EXCEEDED", "lease uncertain")
+    health: str  # "ok", or what is wrong ("no answer within 1.0 s", "lease uncertain")
     uptime_s: int | None
 
     def as_json(self) -> dict[str, object]:
         return asdict(self)
 
 
-def rows_of(reports: Sequence[ProcessReport]) -> list[StatusRow]:
-    """The table's rows, in the reports' order."""
+def rows_of(reports: Sequence[ProcessReport], colocated: bool = False) -> list[StatusRow]:
+    """The table's rows, in the reports' order. `colocated`: each shard replica's process
+    runs its cluster's persister, bridge and reconciler (the same replica index)."""
     leaders = _leaders(reports)
-    return [_row(report, leaders, reports) for report in reports]
+    rows = [_row(report, leaders, reports) for report in reports]
+    if colocated:
+        rows = [_standby_if_beside_a_follower(row, reports) for row in rows]
+    return rows
+
+
+def _standby_if_beside_a_follower(row: StatusRow, reports: Sequence[ProcessReport]) -> StatusRow:
+    """A co-located persister that does not answer beside a shard replica that answers as
+    a follower: a standby (it listens once its replica leads), alive with its process."""
+    if row.service != "persister" or row.role:
+        return row
+    beside = next(
+        (
+            r
+            for r in reports
+            if r.target.service == "shard"
+            and r.target.group == row.group
+            and r.target.replica == row.replica
+        ),
+        None,
+    )
+    if beside is None or not beside.answered or beside.counters.get("leading"):
+        return row
+    return replace(row, role="standby", health="ok", uptime_s=beside.counters.get("uptime_s"))
 
 
 def _key(target: ProcessTarget) -> tuple[str, str]:

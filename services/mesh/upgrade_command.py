@@ -10,8 +10,13 @@ has it). `activate` asks the group's leader (`oms.v1.ReplicaUpgrades`,
 implement VERSION or fewer replicas are registered than `--replicas` (default: as
 many as the mesh names for the group: a replica that is down cannot say what it
 runs). The mesh is found as `oms status` finds it (`--state-dir`, `--etcd`).
+
+A group of one replica on a file log (`oms up` without `--replicas`) shows its version
+and its build's too, and says that the switch is for replicated groups (`oms up
+--replicas 3`); its replica refuses `activate`, changing nothing. Such groups keep
+nothing in etcd, so `--etcd` finds none of them (it says so).
 Exit status: 0 done (or already in force), 1 refused or unanswered, 2 bad usage or
-no mesh.
+no mesh (or no replicated group in etcd).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from services.coordination.errors import CoordinationUnavailable
 from services.mesh.mesh_locator import MeshNotFoundError, add_location_arguments, located_mesh
 from services.mesh.version_switch import (
     GroupVersions,
@@ -56,7 +62,7 @@ def register(subparsers: Any) -> None:
     activate.set_defaults(handler=run_activate)
 
 
-def _report(group: GroupVersions) -> dict[str, Any]:
+def group_report(group: GroupVersions) -> dict[str, Any]:
     replicas: list[dict[str, Any]] = []
     for replica in group.replicas:
         if replica.failure:
@@ -73,8 +79,9 @@ def _report(group: GroupVersions) -> dict[str, Any]:
         )
     return {
         "group": group.name,
-        "version": group.version,
-        "can_activate": group.can_activate,
+        "version": group.version if group.answered else None,
+        "replicated": group.replicated,
+        "can_activate": group.can_activate if group.replicated else [],
         "replicas": replicas,
     }
 
@@ -83,19 +90,44 @@ def _versions(values: Sequence[int]) -> str:
     return ",".join(str(value) for value in sorted(values)) or "1"
 
 
-def _print_group(report: dict[str, Any]) -> None:
+ONE_REPLICA_NOTE = (
+    "A group of one replica (file log) stays at the version in force: a switch (`oms upgrade"
+    " activate`) is for replicated groups, rolled one replica at a time;"
+    " `oms up --replicas 3` (in a new state folder) runs them."
+)
+
+
+def group_line(report: dict[str, Any]) -> str:
+    """The group's summary line: its version in force, and what it can switch to."""
+    name = report["group"]
+    if report["version"] is None:
+        return f"{name}: no replica answered"
+    if not report["replicated"]:
+        return f"{name}: version {report['version']} in force; one replica (file log)"
     ready = report["can_activate"]
     can = f"can activate {_versions(ready)}" if ready else "nothing newer every replica runs"
-    print(f"{report['group']}: version {report['version']} in force; {can}")
-    for replica in report["replicas"]:
-        if "failure" in replica:
-            print(f"  {replica['address']}: {replica['failure']}")
-            continue
-        print(
-            f"  {replica['address']} {replica['role']}: at {replica['version']},"
-            f" implements {_versions(replica['implemented_versions'])},"
-            f" applied {replica['applied_position']}"
-        )
+    return f"{name}: version {report['version']} in force; {can}"
+
+
+def replica_line(replica: dict[str, Any]) -> str:
+    if "failure" in replica:
+        return f"  {replica['address']}: {replica['failure']}"
+    return (
+        f"  {replica['address']} {replica['role']}: at {replica['version']},"
+        f" implements {_versions(replica['implemented_versions'])},"
+        f" applied {replica['applied_position']}"
+    )
+
+
+def status_lines(title: str, reports: Sequence[dict[str, Any]]) -> list[str]:
+    """What `oms upgrade status` prints for these groups."""
+    lines = [title]
+    for report in reports:
+        lines.append(group_line(report))
+        lines += [replica_line(replica) for replica in report["replicas"]]
+    if any(not report["replicated"] for report in reports):
+        lines.append(ONE_REPLICA_NOTE)
+    return lines
 
 
 def run_status(arguments: argparse.Namespace) -> int:
@@ -103,21 +135,29 @@ def run_status(arguments: argparse.Namespace) -> int:
 
 
 async def _status(arguments: argparse.Namespace) -> int:
+    command = "oms upgrade status"
     try:
-        async with located_mesh(arguments, "oms upgrade status") as mesh:
+        async with located_mesh(arguments, command) as mesh:
             groups = groups_of(await mesh.find())
     except MeshNotFoundError as error:
         print(error, file=sys.stderr)
         return 2
+    except CoordinationUnavailable as error:
+        print(f"{command}: etcd did not answer: {error}", file=sys.stderr)
+        return 1
+    if not groups:
+        print(f"{command}: {mesh.title}: {mesh.nothing_found}", file=sys.stderr)
+        if arguments.json:
+            print(json.dumps([]))
+        return 2
     reports = [
-        _report(await group_versions(name, targets)) for name, targets in sorted(groups.items())
+        group_report(await group_versions(name, targets))
+        for name, targets in sorted(groups.items())
     ]
     if arguments.json:
         print(json.dumps(reports))
     else:
-        print(mesh.title)
-        for report in reports:
-            _print_group(report)
+        print("\n".join(status_lines(mesh.title, reports)))
     answered = all("failure" not in r for report in reports for r in report["replicas"])
     return 0 if answered else 1
 
@@ -133,6 +173,12 @@ async def _activate(arguments: argparse.Namespace) -> int:
             groups = groups_of(await mesh.find())
     except MeshNotFoundError as error:
         print(error, file=sys.stderr)
+        return 2
+    except CoordinationUnavailable as error:
+        print(f"{command}: etcd did not answer: {error}", file=sys.stderr)
+        return 1
+    if not groups:
+        print(f"{command}: {mesh.title}: {mesh.nothing_found}", file=sys.stderr)
         return 2
     chosen = [name for name in groups if arguments.group in (name, name.split("/", 1)[1])]
     if len(chosen) != 1:

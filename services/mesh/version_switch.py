@@ -6,6 +6,8 @@ answer, a group's summary (the version in force, the versions every replica
 implements), and the switch asked of whichever replica leads (a follower answers
 FAILED_PRECONDITION naming the leader; the leader refuses, changing nothing, unless
 every registered replica implements the version: `services/runtime/upgrades.py`).
+A group of one replica on a file log answers too, naming no members (it keeps no
+replica registry): `replicated` is False, and its switch is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from protos.oms.v1 import replica_pb2
+from services.clients.call_failures import call_failure
 from services.clients.channels import mesh_channel
 from services.mesh.status_rows import ProcessTarget
 from services.mesh.status_targets import REPLICATED_KINDS
@@ -35,6 +38,7 @@ class ReplicaVersions:
     version: int = 0
     implemented: tuple[int, ...] = ()
     applied_position: int = 0
+    replicated: bool = True  # False: a group of one replica on a file log
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,17 @@ class GroupVersions:
     name: str  # "shard/s1", "matcher/g1"
     version: int  # in force (the highest a replica reports)
     replicas: list[ReplicaVersions] = field(default_factory=list)
+
+    @property
+    def answered(self) -> bool:
+        """Whether any replica answered."""
+        return any(not r.failure for r in self.replicas)
+
+    @property
+    def replicated(self) -> bool:
+        """A replicated group (logs in etcd, a leader elected), not one replica on a file
+        log; as its replicas say (True when none answered: nothing says otherwise)."""
+        return all(r.replicated for r in self.replicas if not r.failure)
 
     @property
     def everyone_implements(self) -> frozenset[int]:
@@ -95,16 +110,16 @@ async def replica_versions(address: str) -> ReplicaVersions:
                 replica_pb2.VersionsQuery(), timeout=TIMEOUT_S
             )
     except grpc.aio.AioRpcError as error:
-        why = f"no answer: {error.code().name} {error.details() or ''}".strip()
-        return ReplicaVersions(address, failure=why)
+        return ReplicaVersions(address, failure=call_failure(error, TIMEOUT_S))
     except (OSError, ValueError) as error:
-        return ReplicaVersions(address, failure=f"no answer: {error}")
+        return ReplicaVersions(address, failure=f"not reachable: {error}")
     return ReplicaVersions(
         address,
         leading=answer.leading,
         version=answer.version,
         implemented=tuple(sorted(answer.implemented_versions)),
         applied_position=answer.applied_position,
+        replicated=len(answer.members) > 0,
     )
 
 
@@ -135,11 +150,12 @@ async def activate(
                 )
                 return answer
         except grpc.aio.AioRpcError as error:
-            why = error.details() or error.code().name
+            why = error.details() or call_failure(error, ACTIVATE_TIMEOUT_S)
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION and not why.startswith(
                 NOT_LEADER
             ):
                 raise SwitchRefusedError(why) from error
+            why = f"{target.address}: {call_failure(error, ACTIVATE_TIMEOUT_S)}"
         except (OSError, ValueError) as error:
             why = str(error)
     raise NoLeaderError(why)

@@ -22,6 +22,10 @@ And the state-machine versions of the shard and matcher groups (`oms upgrade`):
     omsctl upgrade status            each group's version, each replica's build
     omsctl upgrade activate GROUP N  the group's leader logs the switch to version N
 
+A mesh of one shard cluster (`oms up` without `--shards`) routes every user to it
+statically and has no routing document: `show` and `owner` say so, and `residents`
+asks that one cluster.
+
 etcd and the mesh come from OMS_ETCD_ENDPOINTS and OMS_MESH_ID (or --etcd, --mesh),
 else from the local mesh's state folder (`--state-dir`, OMS_STATE_DIR or `state/`,
 whose TLS identity it then uses too); the shards from OMS_SHARDS (`s1=host:port,...`,
@@ -112,21 +116,49 @@ def describe(stored: StoredRouting | None) -> str:
     return "\n".join(lines)
 
 
-def _current(stored: StoredRouting | None) -> RoutingDocument:
+def no_document(mesh_id: str, static_cluster: str = "") -> str:
+    """Why the mesh has no routing document, and what makes one. `static_cluster`: the
+    one shard cluster of a local mesh that routes every user to it (none has a document)."""
+    if static_cluster:
+        return (
+            f"mesh {mesh_id} routes every user to its one shard cluster, {static_cluster}"
+            " (static routing): it has no routing document. A mesh of several shard"
+            " clusters routes by one: `oms up --shards N` (in a new state folder)"
+        )
+    return (
+        f"no routing document yet for mesh {mesh_id}. A mesh of one shard cluster routes"
+        " every user to it statically and has none; for several clusters,"
+        " `omsctl init --clusters s1,s2,...` writes the first"
+    )
+
+
+def _current(stored: StoredRouting | None, why: str = "") -> RoutingDocument:
     if stored is None:
-        raise OmsctlError("no routing document yet: omsctl init --clusters ...")
+        raise OmsctlError(why or "no routing document yet: omsctl init --clusters ...")
     return stored.document
 
 
-async def run(arguments: argparse.Namespace, settings: OmsctlSettings) -> str:
+async def run(
+    arguments: argparse.Namespace, settings: OmsctlSettings, static_cluster: str = ""
+) -> str:
+    """What the action prints. `static_cluster`: the local mesh's one shard cluster,
+    when it routes statically (it has no routing document)."""
     if not settings.etcd_endpoints:
         raise OmsctlError("no etcd: set OMS_ETCD_ENDPOINTS or --etcd, or run `oms up` here")
+    none_yet = no_document(settings.mesh_id, static_cluster)
     async with EtcdSession(settings.etcd_endpoints) as session:
         store = RoutingStore(session, settings.mesh_id)
         if arguments.action == "show":
-            return describe(await store.read())
+            stored = await store.read()
+            return none_yet if stored is None else describe(stored)
         if arguments.action == "owner":
-            document = _current(await store.read())
+            stored = await store.read()
+            if stored is None and static_cluster:
+                return (
+                    f"user {arguments.user_id}: {static_cluster} (static routing: every user"
+                    " is on the mesh's one shard cluster)"
+                )
+            document = _current(stored, none_yet)
             owner = document.owner_of(arguments.user_id) or "in transit (owned by none)"
             return f"user {arguments.user_id}: {owner} (epoch {document.epoch})"
         if arguments.action == "init":
@@ -140,12 +172,12 @@ async def run(arguments: argparse.Namespace, settings: OmsctlSettings) -> str:
             return describe(await store.change(first))
         if arguments.action == "join":
             stored = await store.change(
-                lambda s: with_cluster_joining(_current(s), arguments.cluster)
+                lambda s: with_cluster_joining(_current(s, none_yet), arguments.cluster)
             )
             return describe(stored)
         if arguments.action == "drain":
             stored = await store.change(
-                lambda s: with_cluster_draining(_current(s), arguments.cluster)
+                lambda s: with_cluster_draining(_current(s, none_yet), arguments.cluster)
             )
             return describe(stored)
         probe = ShardProbe(
@@ -157,32 +189,70 @@ async def run(arguments: argparse.Namespace, settings: OmsctlSettings) -> str:
         )
         try:
             if arguments.action == "residents":
-                return await residents(store, probe, arguments.clusters)
+                return await residents(
+                    store, probe, arguments.clusters, static_cluster, settings.mesh_id
+                )
             return await run_wave(arguments, store, probe)
         finally:
             await probe.close()
     raise OmsctlError(f"unknown action {arguments.action}")
 
 
-async def residents(store: RoutingStore, probe: ShardProbe, clusters: Sequence[str]) -> str:
-    """Each cluster's residents: those named, else the document's (a mesh of one
-    shard cluster has no document: name it, `omsctl residents s1`)."""
-    stored = await store.read()
-    if stored is None and not clusters:
-        raise OmsctlError("no routing document yet: name the clusters (omsctl residents s1)")
-    lines = [f"epoch {stored.epoch}" if stored is not None else "no routing document"]
-    named = clusters or [cluster.cluster_id for cluster in _current(stored).clusters]
+def residents_heading(
+    stored: StoredRouting | None, clusters: Sequence[str], static_cluster: str, mesh_id: str
+) -> tuple[str, list[str]]:
+    """The first line of `omsctl residents`, and the clusters to ask: those named, else
+    the document's, else the one cluster of a mesh that routes statically."""
+    if stored is not None:
+        known = [c.cluster_id for c in stored.document.clusters]
+        unknown = [cluster for cluster in clusters if cluster not in known]
+        if unknown:
+            raise OmsctlError(
+                f"no cluster {', '.join(unknown)} in epoch {stored.epoch}"
+                f" (its clusters: {', '.join(known)})"
+            )
+        return f"epoch {stored.epoch}", list(clusters) or known
+    if static_cluster:
+        others = [cluster for cluster in clusters if cluster != static_cluster]
+        if others:
+            raise OmsctlError(
+                f"mesh {mesh_id} has one shard cluster, {static_cluster}: no {', '.join(others)}"
+            )
+        heading = f"static routing (no routing document): every user is on {static_cluster}"
+        return heading, [static_cluster]
+    if not clusters:
+        raise OmsctlError(
+            f"{no_document(mesh_id)}. To ask a cluster's shard anyway, name it:"
+            " `omsctl residents s1`"
+        )
+    return "no routing document", list(clusters)
+
+
+def residents_line(cluster_id: str, users: Sequence[int], leaving: int, epoch: int) -> str:
+    """One cluster's line: how many residents, leaving, its epoch, the first few ids."""
+    line = f"  {cluster_id:<12} {len(users)} resident, {leaving} leaving, at epoch {epoch}"
+    if not users:
+        return line
+    shown = ", ".join(map(str, users[:RESIDENTS_SHOWN]))
+    more = f", ... ({len(users) - RESIDENTS_SHOWN} more)" if len(users) > RESIDENTS_SHOWN else ""
+    return f"{line}: {shown}{more}"
+
+
+async def residents(
+    store: RoutingStore,
+    probe: ShardProbe,
+    clusters: Sequence[str],
+    static_cluster: str = "",
+    mesh_id: str = "",
+) -> str:
+    """Each cluster's residents: those named, else the document's, else (a mesh of one
+    shard cluster, routed statically: no document) its one cluster's."""
+    heading, named = residents_heading(await store.read(), clusters, static_cluster, mesh_id)
+    lines = [heading]
     for cluster_id in named:
         users = await probe.residents(cluster_id)
         epoch, leaving = await probe.routing_state(cluster_id)
-        shown = ", ".join(map(str, users[:RESIDENTS_SHOWN]))
-        more = (
-            f", ... ({len(users) - RESIDENTS_SHOWN} more)" if len(users) > RESIDENTS_SHOWN else ""
-        )
-        lines.append(
-            f"  {cluster_id:<12} {len(users)} resident, {leaving} leaving, at epoch {epoch}: "
-            f"{shown}{more}"
-        )
+        lines.append(residents_line(cluster_id, users, leaving, epoch))
     return "\n".join(lines)
 
 
@@ -325,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     etcd_endpoints = tuple(arguments.etcd.split(",")) if arguments.etcd else None
     mesh_id = arguments.mesh
     shards = arguments.shards
+    local = None
     if not etcd_endpoints and not os.environ.get("OMS_ETCD_ENDPOINTS"):
         local = LocalMesh.find(state_dir_of(arguments.state_dir))
         if local is not None:
@@ -339,8 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         OmsctlSettings,
         overrides={"etcd_endpoints": etcd_endpoints, "mesh_id": mesh_id, "shards": shards},
     )
+    static_cluster = ""
+    if local is not None and not local.record.sharded and local.record.mesh_id == settings.mesh_id:
+        static_cluster = local.record.shard_id  # its gateway routes every user there
     try:
-        print(asyncio.run(run(arguments, settings)))
+        print(asyncio.run(run(arguments, settings, static_cluster)))
     except (
         OmsctlError,
         RoutingDocumentError,

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import grpc
 
 from protos.oms.v1 import shard_pb2, shard_pb2_grpc
+from services.clients.call_failures import call_failure
 from services.clients.channels import mesh_channel
 from services.coordination.addresses import (
     FROM_ETCD,
@@ -149,7 +150,7 @@ class ShardProbe:
                 return await call(await self._stub(cluster_id))
             except grpc.aio.AioRpcError as error:
                 failure = ShardUnreachableError(
-                    f"cluster {cluster_id}: {error.code().name} {error.details() or ''}".strip()
+                    f"cluster {cluster_id}'s shard: {call_failure(error, CALL_TIMEOUT_S)}"
                 )
                 if error.code() not in _ELECTION_CODES:
                     raise failure from error

@@ -31,6 +31,7 @@ from services.runtime.collector import settle_long_lived_state
 from services.runtime.egress_feed import DurableEgressFeed
 from services.runtime.ingress import CommandIngress
 from services.runtime.node import RecoveryReport, RuntimeNode
+from services.runtime.upgrades import OneReplicaUpgrades
 from services.serving.channelz import register_channelz
 from services.serving.health_probe import serve_health_probe
 from services.serving.status_service import register_status
@@ -147,6 +148,7 @@ class RuntimeHost(Generic[EgressT]):
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         register_status(server, "replica", self.status)
         register_channelz(server)
+        OneReplicaUpgrades(self).register(server)  # its versions, for `oms upgrade status`
         plan.register(server)
         local = self.serve_in_process(plan)
         self.bound_port = mesh_transport().listen(server, self.listen_address)

@@ -12,6 +12,12 @@ An `n` already in force is answered as such: a retry logs nothing.
 
 A replica that was down during the switch and comes back on a build without `n`
 stops at the entry (`UnsupportedVersionError`, exit 3) before applying it.
+
+A group of one replica on a file log (`RuntimeHost`: `oms up` without `--replicas`)
+answers the same service through `OneReplicaUpgrades`: `GetVersions` as its own leader
+with no members (it has no replica registry), so `oms upgrade status` shows what it
+runs; `ActivateVersion` is refused, changing nothing: the switch belongs to replicated
+groups, rolled one replica at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from services.coordination.errors import CoordinationError
 from services.runtime.core.replica import describe_versions
 
 if TYPE_CHECKING:
+    from services.runtime.hosting import RuntimeHost
     from services.runtime.replicated_host import ReplicatedHost
 
 log = structlog.get_logger(__name__)
@@ -116,18 +123,61 @@ class ReplicaUpgrades:
         return ""
 
     def register(self, server: grpc.aio.Server) -> None:
-        handlers = {
-            "GetVersions": grpc.unary_unary_rpc_method_handler(
-                self.get_versions,
-                request_deserializer=replica_pb2.VersionsQuery.FromString,
-                response_serializer=replica_pb2.ReplicaVersions.SerializeToString,
-            ),
-            "ActivateVersion": grpc.unary_unary_rpc_method_handler(
-                self.activate_version,
-                request_deserializer=replica_pb2.ActivateVersionRequest.FromString,
-                response_serializer=replica_pb2.ActivateVersionResponse.SerializeToString,
-            ),
-        }
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
-        )
+        _register(server, self.get_versions, self.activate_version)
+
+
+# Why a group of one replica does not switch versions (`OneReplicaUpgrades`).
+ONE_REPLICA_REFUSAL = (
+    "this group runs one replica on a file log: a state-machine version switch is for"
+    " replicated groups, rolled one replica at a time (a mesh started with"
+    " `oms up --replicas 3`)"
+)
+
+
+class OneReplicaUpgrades:
+    """`oms.v1.ReplicaUpgrades` on a group of one replica on a file log: its versions,
+    read from its applied state; the switch refused (it changes nothing)."""
+
+    def __init__(self, host: RuntimeHost[Any]) -> None:
+        self.host = host
+
+    async def get_versions(
+        self, request: replica_pb2.VersionsQuery, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> replica_pb2.ReplicaVersions:
+        host = self.host
+        replica = host.node.replica
+        return replica_pb2.ReplicaVersions(
+            address=host.listen_address,
+            leading=True,  # the one writer of its log
+            leader=host.listen_address,
+            version=replica.machine.version,
+            implemented_versions=sorted(replica.machine.implemented_versions),
+            applied_position=replica.applied_position,
+        )  # no members: a group of one keeps no replica registry
+
+    async def activate_version(
+        self,
+        request: replica_pb2.ActivateVersionRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> replica_pb2.ActivateVersionResponse:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, ONE_REPLICA_REFUSAL)
+        raise AssertionError("abort raises")  # pragma: no cover
+
+    def register(self, server: grpc.aio.Server) -> None:
+        _register(server, self.get_versions, self.activate_version)
+
+
+def _register(server: grpc.aio.Server, get_versions: Any, activate_version: Any) -> None:
+    handlers = {
+        "GetVersions": grpc.unary_unary_rpc_method_handler(
+            get_versions,
+            request_deserializer=replica_pb2.VersionsQuery.FromString,
+            response_serializer=replica_pb2.ReplicaVersions.SerializeToString,
+        ),
+        "ActivateVersion": grpc.unary_unary_rpc_method_handler(
+            activate_version,
+            request_deserializer=replica_pb2.ActivateVersionRequest.FromString,
+            response_serializer=replica_pb2.ActivateVersionResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
