@@ -79,15 +79,15 @@ def run(arguments: argparse.Namespace) -> int:
 async def _serving_then_demo(
     record: MeshRecord | None, gateway: str, admin_key: str, admin_secret: str
 ) -> None:
-    """With the local mesh's record: first wait until every process it started serves
-    (each, not only the gateway: a shard still replaying its log refuses orders)."""
+    """With the local mesh's record: first wait until each of its services serves (the
+    gateway, and in every shard cluster and matcher group a shard, matcher, persister,
+    bridge and reconciler: a shard still replaying its log refuses orders)."""
     if record is not None:
-        targets = targets_of_record(record)
-        addresses = {
-            f"{t.service}-{t.group}-{t.replica}" if t.service != "gateway" else "gateway": t.address
-            for t in targets
-        }
-        await wait_until_serving(addresses, SERVING_WAIT_S)
+        groups: dict[str, list[str]] = {}
+        for target in targets_of_record(record):
+            name = f"{target.service} {target.group}".strip()
+            groups.setdefault(name, []).append(target.address)
+        await wait_until_serving(groups, SERVING_WAIT_S)
     await _demo(gateway, admin_key, admin_secret)
 
 

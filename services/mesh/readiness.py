@@ -8,7 +8,7 @@ is SERVING, and one line whenever a service stops or starts serving afterwards
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -39,24 +39,29 @@ def _channels(addresses: Mapping[str, str]) -> dict[str, grpc.aio.Channel]:
     }
 
 
-async def wait_until_serving(addresses: Mapping[str, str], deadline_s: float) -> None:
-    """Return once every service of `addresses` answers SERVING; raise NotServingError
-    naming those that still do not after `deadline_s` (a mesh just started by `oms up`
-    takes some seconds: a shard replays its log, a follower catches up)."""
-    channels = _channels(addresses)
-    stubs = {name: health_pb2_grpc.HealthStub(channel) for name, channel in channels.items()}
+async def wait_until_serving(groups: Mapping[str, Sequence[str]], deadline_s: float) -> None:
+    """Return once each group of `groups` (a name and its processes' addresses) has a
+    process answering SERVING; raise NotServingError naming the groups that still have
+    none after `deadline_s`. One per group, not every process: a leader-only role beside
+    a follower replica (`--colocate --replicas 3`) opens no port until its replica leads.
+    A mesh just started by `oms up` takes some seconds (a shard replays its log)."""
+    channels = {
+        (name, address): (gateway_channel if name == "gateway" else mesh_channel)(address)
+        for name, addresses in groups.items()
+        for address in addresses
+    }
+    stubs = {key: health_pb2_grpc.HealthStub(channel) for key, channel in channels.items()}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + deadline_s
     try:
         while True:
             answers = await asyncio.gather(*(serving(stub) for stub in stubs.values()))
-            waiting = [name for name, up in zip(stubs, answers, strict=True) if not up]
+            serving_groups = {name for (name, _), up in zip(stubs, answers, strict=True) if up}
+            waiting = sorted(set(groups) - serving_groups)
             if not waiting:
                 return
             if loop.time() >= deadline:
-                raise NotServingError(
-                    f"not serving after {deadline_s:.0f} s: {', '.join(sorted(waiting))}"
-                )
+                raise NotServingError(f"not serving after {deadline_s:.0f} s: {', '.join(waiting)}")
             await asyncio.sleep(POLL_INTERVAL_S)
     finally:
         for channel in channels.values():
