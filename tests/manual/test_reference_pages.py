@@ -115,17 +115,17 @@ def test_every_rpc_and_message_is_on_the_api_page() -> None:
         assert expected in page, element
 
 
-def test_the_uncommented_proto_elements_are_listed() -> None:
-    """Elements without a comment are still rendered; this lists them (`pytest -rP`)."""
-    uncommented = api_reference.uncommented()
-    for element in uncommented:
-        print(f"{element.file}: {element.kind} {element.name}")
-    counts = {
-        kind: sum(element.kind == kind for element in uncommented)
-        for kind in ("rpc", "message", "field", "enum", "enum value")
-    }
-    print(f"uncommented: {counts}")
-    assert all(element.file.startswith("protos/oms/v1/") for element in uncommented)
+ALL_KINDS = ("service", "rpc", "message", "field", "enum", "enum value")
+
+
+def test_every_element_of_the_api_is_commented() -> None:
+    """The protos are a public API, read by clients generated in other languages: every
+    service, RPC, message, field, enum and enum value says what it is."""
+    uncommented = [
+        f"{element.file}: {element.kind} {element.name}"
+        for element in api_reference.uncommented(kinds=ALL_KINDS)
+    ]
+    assert not uncommented, "elements without a comment:\n" + "\n".join(uncommented)
 
 
 def test_the_commands_page_ignores_the_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
