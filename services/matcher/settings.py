@@ -67,7 +67,8 @@ class MatcherServiceSettings:
     etcd_endpoints: tuple[str, ...] = setting(
         env="OMS_ETCD_ENDPOINTS",
         default=(),
-        help="etcd's members, host:port,...: the etcd log and the leader key (OMS_MATCHER_LOG=etcd)",
+        help="etcd's members, host:port,...: the etcd log and the leader key "
+        "(OMS_MATCHER_LOG=etcd)",
     )
     mesh_id: str = setting(
         env="OMS_MESH_ID",
