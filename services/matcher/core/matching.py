@@ -96,6 +96,7 @@ def match(  # noqa: PLR0917 (positional: called once per crossing order)
                     return SELF_TRADE
                 queue.popleft()
                 level.live_count -= 1
+                level.total_lots -= maker.remaining_lots
                 if not level.live_count:
                     keys.pop()
                     del levels[price]
@@ -129,6 +130,7 @@ def match(  # noqa: PLR0917 (positional: called once per crossing order)
             maker_notional = maker.filled_notional + notional
             maker_fees = maker.fees_paid + maker_fee
             maker.remaining_lots = maker_remaining
+            level.total_lots -= quantity
             maker.filled_lots = maker_filled
             maker.filled_notional = maker_notional
             maker.fees_paid = maker_fees

@@ -9,6 +9,9 @@ A level is a FIFO (`deque`) of records in arrival order. Cancelling from the
 middle is O(1) by lazy deletion: the record leaves the live count at once, and
 its dead entry is dropped when it reaches the front or when the level is
 compacted. `live_count` counts the live records; a level with none is removed.
+`total_lots` is the sum of the live records' `remaining_lots`: kept exact wherever a
+record rests, leaves, or (`matching`) trades as maker. Both are derived state: not in
+the snapshot nor the state hash; a restore rebuilds them by resting the live orders.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ _COMPACT_SLACK = 32
 
 
 class PriceLevel:
-    __slots__ = ("live_count", "orders", "price_ticks")
+    __slots__ = ("live_count", "orders", "price_ticks", "total_lots")
 
     def __init__(self, price_ticks: int) -> None:
         self.price_ticks = price_ticks
         self.orders: deque[OrderRecord] = deque()
         self.live_count = 0
+        self.total_lots = 0  # the live records' remaining lots
 
     def live_orders(self) -> Iterator[OrderRecord]:
         """The live records in time priority."""
@@ -63,6 +67,7 @@ class BookSide:
             insort(self.keys, price if self.is_bid else -price)
         level.orders.append(order)
         level.live_count += 1
+        level.total_lots += order.remaining_lots
 
     def withdraw(self, order: OrderRecord) -> None:
         """Take out a record that just stopped being live (its status already moved on)."""
@@ -70,6 +75,7 @@ class BookSide:
         if level is None or level.live_count <= 0:
             raise MatcherInvariantError(f"order {order.order_id} is not in the book it names")
         level.live_count -= 1
+        level.total_lots -= order.remaining_lots
         if level.live_count == 0:
             self.remove_level(level)
         elif len(level.orders) > 2 * level.live_count + _COMPACT_SLACK:
@@ -93,6 +99,20 @@ class BookSide:
         sign = 1 if self.is_bid else -1
         for key in reversed(self.keys):
             yield levels[sign * key]
+
+    def check_aggregates(self) -> None:
+        """Each level's `live_count` and `total_lots` against its records (tests, restores)."""
+        for price, level in self.levels.items():
+            live = list(level.live_orders())
+            if (
+                level.price_ticks != price
+                or not live
+                or level.live_count != len(live)
+                or level.total_lots != sum(order.remaining_lots for order in live)
+            ):
+                raise MatcherInvariantError(f"price level {price} disagrees with its orders")
+        if len(self.keys) != len(self.levels):
+            raise MatcherInvariantError("a book side's sort keys and levels disagree")
 
     def live_orders(self) -> Iterator[OrderRecord]:
         """Every live record of this side in priority order: best level first, FIFO within."""

@@ -240,6 +240,7 @@ def submit(
         else:
             level.orders.append(order)
             level.live_count += 1
+            level.total_lots += quantity
         by_user = state.user_orders.get(user_id)
         if by_user is None:
             state.user_orders[user_id] = {order_id: order}
