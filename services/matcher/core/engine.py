@@ -37,6 +37,11 @@ take before such a stop (CANCEL_OLDEST: skipping the user's own orders).
 Halt with `cancel_resting` cancels the symbol's resting orders in book order
 (bids best first, then asks, FIFO within a level); a kill switch cancels the
 user's resting orders in arrival order.
+
+From state-machine version 2 on, each entry (an `execute` batch, an `on_timer`
+sweep) ends by publishing its market data (`market_feed`): per symbol its trades
+and one book update, sequenced per symbol, retained, in the snapshot and the state
+hash. Version 1 publishes none, and its snapshot and state hash are as before.
 """
 
 from __future__ import annotations
@@ -56,7 +61,15 @@ from services.matcher.core.commands import (
 )
 from services.matcher.core.controls import cancel, halt, kill_switch, resume
 from services.matcher.core.engine_state import EngineState
+from services.matcher.core.errors import MarketFeedInactiveError, UnknownSymbolError
 from services.matcher.core.event_log import EventRecord
+from services.matcher.core.market_feed import (
+    BookSnapshot,
+    BookUpdate,
+    MarketFeed,
+    MarketRecord,
+    PublicTrade,
+)
 from services.matcher.core.orders import BUY, EXPIRED, OrderView
 from services.matcher.core.state_digest import MASK
 from services.matcher.core.submission import submit
@@ -69,17 +82,27 @@ _HASH_SYMBOL = struct.Struct("<qqqqqqqBqQQ")
 _HASH_STREAM = struct.Struct("<QQ")
 _HASH_USER = struct.Struct("<Q")
 _HASH_VERSION = struct.Struct("<I")
+_HASH_FEED = struct.Struct("<QQQQQ")
+_HASH_RETAINED = struct.Struct("<Q")
 
 
 class MatcherEngine(EngineState):
     """The matcher group's state machine core: its state, its commands, timers and queries."""
 
     def execute(
-        self, commands: Sequence[Command], now_ms: int
+        self,
+        commands: Sequence[Command],
+        now_ms: int,
+        market: list[MarketRecord] | None = None,
     ) -> tuple[list[CommandResult], list[EventRecord]]:
-        """Apply commands in order at consensus time `now_ms`: one result each, and events."""
+        """Apply commands in order at consensus time `now_ms`: one result each, and events.
+
+        From version 2 on, the entry's market data is published at the end (and
+        appended to `market` when given: per symbol, its trades then its book update).
+        """
         results: list[CommandResult] = []
         events: list[EventRecord] = []
+        controlled: list[str] = []  # symbols halted or resumed: their status may change
         append = results.append
         for command in commands:
             if isinstance(command, SubmitCommand):
@@ -88,18 +111,26 @@ class MatcherEngine(EngineState):
                 append(cancel(self, command, now_ms, events))
             elif isinstance(command, HaltCommand):
                 append(halt(self, command, now_ms, events))
+                controlled.append(command.symbol)
             elif isinstance(command, ResumeCommand):
                 append(resume(self, command))
+                controlled.append(command.symbol)
             elif isinstance(command, KillSwitchCommand):
                 append(kill_switch(self, command, now_ms, events))
             else:
                 append(CommandResult(command.correlation_id, False, None, INVALID_ORDER, False))
+        feed = self.feed
+        if feed is not None:
+            feed.publish(self.books, events, controlled, now_ms, market)
         return results, events
 
     # --- timers -----------------------------------------------------------------------
 
-    def on_timer(self, now_ms: int) -> list[EventRecord]:
-        """Expire due GTD orders, then forget ids past the dedup horizon; both bounded."""
+    def on_timer(self, now_ms: int, market: list[MarketRecord] | None = None) -> list[EventRecord]:
+        """Expire due GTD orders, then forget ids past the dedup horizon; both bounded.
+
+        From version 2 on, the expiries' book updates are published (see `execute`).
+        """
         events: list[EventRecord] = []
         settings = self.settings
         for order in self.expiries.pop_due(now_ms, settings.max_expiries_per_timer):
@@ -111,7 +142,19 @@ class MatcherEngine(EngineState):
         for order in forgotten:
             digest_sum -= order.digest
         self.digest_sum = digest_sum & MASK
+        feed = self.feed
+        if feed is not None and events:
+            feed.publish(self.books, events, (), now_ms, market)
         return events
+
+    # --- versions ---------------------------------------------------------------------
+
+    def activate_version(self, version: int) -> None:
+        """Decide under `version` from the next entry on; version 2 starts the market feed
+        here, its sequences at 1 with the next change."""
+        if version >= 2 and self.feed is None:
+            self.feed = MarketFeed(self.books, self.settings.retained_market_data_per_symbol)
+        self.machine_version = version
 
     # --- queries (not logged) ---------------------------------------------------------
 
@@ -150,6 +193,34 @@ class MatcherEngine(EngineState):
             (level.price_ticks, [order.view() for order in level.live_orders()])
             for level in book_side.levels_best_first()
         ]
+
+    def book_snapshot(self, symbol: str, depth: int = 0) -> BookSnapshot:
+        """A symbol's levels, best first (`depth` per side, 0: all), as of its sequences."""
+        feed = self.market_feed()
+        book = self.books.get(symbol)
+        if book is None:
+            raise UnknownSymbolError(symbol)
+        return feed.book_snapshot(book, depth)
+
+    def book_updates_from(
+        self, symbol: str, from_sequence: int, limit: int | None = None
+    ) -> list[BookUpdate]:
+        """Retained book updates with sequence >= from_sequence, oldest first, at most
+        `limit`; `MarketSequenceTooOldError` if the first is gone."""
+        return self.market_feed().symbol_feed(symbol).updates_from(from_sequence, limit)
+
+    def trades_from(
+        self, symbol: str, from_sequence: int, limit: int | None = None
+    ) -> list[PublicTrade]:
+        """Retained trades with sequence >= from_sequence, oldest first, at most `limit`;
+        `MarketSequenceTooOldError` if the first is gone."""
+        return self.market_feed().symbol_feed(symbol).trades_from(from_sequence, limit)
+
+    def market_feed(self) -> MarketFeed:
+        feed = self.feed
+        if feed is None:
+            raise MarketFeedInactiveError(self.machine_version)
+        return feed
 
     def state_hash(self) -> bytes:
         """Digest of the whole state in O(symbols + shards + kill-switched users)."""
@@ -201,4 +272,19 @@ class MatcherEngine(EngineState):
         if self.machine_version > 1:
             # Only past version 1, so a build from before versions hashes alike.
             digest.update(_HASH_VERSION.pack(self.machine_version))
+        feed = self.feed
+        if feed is not None:
+            digest.update(_HASH_RETAINED.pack(settings.retained_market_data_per_symbol))
+            for symbol, symbol_feed in sorted(feed.symbols.items()):
+                digest.update(symbol.encode() + b"\x00")
+                digest.update(
+                    _HASH_FEED.pack(
+                        symbol_feed.book_sequence,
+                        symbol_feed.trade_sequence,
+                        len(symbol_feed.updates),
+                        len(symbol_feed.trades),
+                        symbol_feed.halted,
+                    )
+                    + symbol_feed.digest
+                )
         return digest.digest()

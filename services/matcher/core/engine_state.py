@@ -25,6 +25,7 @@ from services.matcher.core.event_log import (
     retained_event,
 )
 from services.matcher.core.expiry import ExpiryQueue
+from services.matcher.core.market_feed import MarketFeed
 from services.matcher.core.order_record import OrderRecord
 from services.matcher.core.orders import BUY, EXPIRED, GTD, REJECTED, OrderSpec, new_record
 from services.matcher.core.settings import EngineSettings, SymbolSettings
@@ -57,6 +58,7 @@ class EngineState:
         self.last_arrival = 0
         self.digest_sum = 0  # sum of every dedup record's digest, mod 2^64
         self.machine_version = 1  # the state-machine version decisions are made under
+        self.feed: MarketFeed | None = None  # the market-data feed, from version 2 on
         self.install_symbols(settings.symbols)
 
     def install_symbols(self, symbols: Sequence[SymbolSettings]) -> None:

@@ -8,12 +8,15 @@ one `MatcherEgress`.
 Egress holds the engine's records, not protobuf: the runtime routes egress only
 from the leader, and followers, which drop it, should not pay for building
 messages. The leader's service calls `result_batch()` and `event_batches()`
-(or the per-item `result_messages()` / `event_messages()`). Bytes that are not
+(or the per-item `result_messages()` / `event_messages()`). From state-machine
+version 2 on egress also holds the entry's market data (`market_feed`: per symbol
+its public trades, then its book update). Bytes that are not
 a batch, or a batch over `max_commands_per_batch`, are refused whole: an egress
 with no results, no events and `refused` set, and no state change.
 
 Queries (`order_state`, `open_orders`, `events_from`, `last_prices`) are plain
-methods, not logged; they read the state as of the last applied entry.
+methods, not logged; they read the state as of the last applied entry (the market
+data's are the engine's, `MatcherEngine.book_snapshot` and the like).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from services.matcher.core.codec import CommandDecodeError
 from services.matcher.core.commands import CommandResult
 from services.matcher.core.engine import MatcherEngine
 from services.matcher.core.event_log import EventRecord
+from services.matcher.core.market_feed import BookUpdate, MarketRecord, PublicTrade
 from services.matcher.core.settings import EngineSettings
 from services.matcher.core.snapshot_codec import restore_snapshot, write_snapshot
 from services.runtime.core.state_machine import ApplyContext
@@ -33,11 +37,20 @@ from services.runtime.core.state_machine import ApplyContext
 
 @dataclass(frozen=True, slots=True)
 class MatcherEgress:
-    """What one log entry produced: a result per command, then the events, in order."""
+    """What one log entry produced: a result per command, then the events, in order;
+    from version 2 on, its market data."""
 
     results: tuple[CommandResult, ...]
     events: tuple[EventRecord, ...]
     refused: str | None = None  # why the entry's bytes were refused whole
+    # Per symbol (in symbol order) its trades, then its book update; empty in version 1.
+    market: tuple[MarketRecord, ...] = ()
+
+    def book_updates(self) -> tuple[BookUpdate, ...]:
+        return tuple(record for record in self.market if isinstance(record, BookUpdate))
+
+    def trades(self) -> tuple[PublicTrade, ...]:
+        return tuple(record for record in self.market if isinstance(record, PublicTrade))
 
     def result_messages(self) -> list[matcher_pb2.MatcherCommandResult]:
         return [codec.result_message(result) for result in self.results]
@@ -94,13 +107,21 @@ class MatcherMachine:
         except CommandDecodeError as error:
             self.refused_entries += 1
             return (MatcherEgress((), (), refused=str(error)),)
-        results, events = self.engine.execute(commands, context.consensus_time_ms)
-        return (MatcherEgress(tuple(results), tuple(events)),)
+        engine = self.engine
+        if engine.feed is None:
+            results, events = engine.execute(commands, context.consensus_time_ms)
+            return (MatcherEgress(tuple(results), tuple(events)),)
+        market: list[MarketRecord] = []
+        results, events = engine.execute(commands, context.consensus_time_ms, market)
+        return (MatcherEgress(tuple(results), tuple(events), None, tuple(market)),)
 
     def on_timer(self, context: ApplyContext) -> tuple[MatcherEgress, ...]:
-        events = self.engine.on_timer(context.consensus_time_ms)
+        market: list[MarketRecord] = []
+        events = self.engine.on_timer(context.consensus_time_ms, market)
         # Nothing at all when nothing expired: the sequencer spaces idle timers wider.
-        return (MatcherEgress((), tuple(events)),) if events else ()
+        if not events and not market:
+            return ()
+        return (MatcherEgress((), tuple(events), None, tuple(market)),)
 
     # --- versions (services/runtime/core/state_machine.py) ----------------------------
 
@@ -113,7 +134,7 @@ class MatcherMachine:
         return versions.IMPLEMENTED_VERSIONS
 
     def activate_version(self, version: int) -> None:
-        self.engine.machine_version = version
+        self.engine.activate_version(version)
 
     def snapshot(self) -> bytes:
         return write_snapshot(self.engine)

@@ -67,6 +67,9 @@ class EngineSettings:
     max_dedup_sweeps_per_timer: int = 10_000
     # A command batch with more commands is refused whole.
     max_commands_per_batch: int = 10_000
+    # Market data (state-machine version 2 on) kept per symbol for subscribers that
+    # resume: this many book updates, and as many trades.
+    retained_market_data_per_symbol: int = 10_000
 
     def __post_init__(self) -> None:
         # Accept any sequence of symbols; keep an immutable tuple.
@@ -78,6 +81,7 @@ class EngineSettings:
             "max_expiries_per_timer": (self.max_expiries_per_timer, 1),
             "max_dedup_sweeps_per_timer": (self.max_dedup_sweeps_per_timer, 1),
             "max_commands_per_batch": (self.max_commands_per_batch, 1),
+            "retained_market_data_per_symbol": (self.retained_market_data_per_symbol, 1),
         }
         for name, (value, lowest) in bounds.items():
             if not lowest <= value <= INT64_MAX:

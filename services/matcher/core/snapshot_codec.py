@@ -9,8 +9,12 @@ Layout, in this order:
     live orders (u32 count), by arrival: the books' FIFO order is arrival order
     finished orders (u32 count), in dedup-sweep order (by end time, then finish order)
     OMS shard streams (u32 count), by name: next sequence, retained events oldest first
+    (layout 3 only) the market feed (u32 count), by symbol: book and trade sequences,
+    digest, retained book updates then retained trades, oldest first
 
-Restore rebuilds books, per-user index, expiry heap, dedup queue and digests
+Layout 3 is written when the engine has a market feed (state-machine version 2 on),
+layout 2 otherwise: a version-1 engine's snapshot is byte for byte what it was
+before the feed. Restore rebuilds books, per-user index, expiry heap, dedup queue and digests
 from these, checking on the way in what the engine relies on (statuses, a
 strictly increasing arrival order, end times in order, contiguous sequences);
 a violation raises `SnapshotFormatError` and leaves the engine untouched.
@@ -34,6 +38,7 @@ from services.matcher.core.event_log import (
     RetainedEvent,
     ShardStream,
 )
+from services.matcher.core.market_feed import DIGEST_SIZE, MarketFeed, TradeRow, UpdateRow
 from services.matcher.core.order_record import OrderRecord
 from services.matcher.core.orders import (
     BUY,
@@ -64,8 +69,10 @@ if TYPE_CHECKING:
 
 MAGIC = b"OMSMATCH"
 # 2: the state-machine version in force follows the counters (a 1 is at version 1)
-VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+# 3: the market feed follows the streams (written from state-machine version 2 on)
+VERSION = 3
+_LAYOUT_WITHOUT_FEED = 2
+_READABLE_VERSIONS = (1, 2, 3)
 
 _HEADER = struct.Struct("<8sI")
 _COUNT = struct.Struct("<I")
@@ -81,6 +88,10 @@ _REJECTED = struct.Struct("<i")
 _FILL = struct.Struct("<QqqqqBqB")
 _CANCELLED = struct.Struct("<iq")
 _EXPIRED = struct.Struct("<q")
+_FEED = struct.Struct(f"<QQ{DIGEST_SIZE}s")
+_BOOK_UPDATE = struct.Struct("<QQBI")
+_LEVEL_CHANGE = struct.Struct("<Bqqq")
+_TRADE = struct.Struct("<QQqqBQ")
 _new_order = object.__new__
 _SPEC_OMS_SHARD = OrderSpec._fields.index("oms_shard")
 
@@ -104,7 +115,8 @@ class _Writer:
 def write_snapshot(engine: MatcherEngine) -> bytes:
     writer = _Writer()
     parts = writer.parts
-    parts.append(_HEADER.pack(MAGIC, VERSION))
+    feed = engine.feed
+    parts.append(_HEADER.pack(MAGIC, VERSION if feed is not None else _LAYOUT_WITHOUT_FEED))
     parts.append(_COUNTERS.pack(engine.last_trade_id, engine.last_arrival))
     parts.append(_MACHINE_VERSION.pack(engine.machine_version))
 
@@ -210,7 +222,27 @@ def write_snapshot(engine: MatcherEngine) -> bytes:
         parts.append(_STREAM.pack(stream.next_sequence, len(stream.retained)))
         for row in stream.retained:
             _write_event(parts, row, spec_index[row[-SPEC_FIELDS:]])
+    if feed is not None:
+        _write_feed(writer, feed)
     return b"".join(parts)
+
+
+def _write_feed(writer: _Writer, feed: MarketFeed) -> None:
+    parts = writer.parts
+    writer.count(len(feed.symbols))
+    for symbol, symbol_feed in sorted(feed.symbols.items()):
+        writer.text(symbol)
+        parts.append(
+            _FEED.pack(symbol_feed.book_sequence, symbol_feed.trade_sequence, symbol_feed.digest)
+        )
+        writer.count(len(symbol_feed.updates))
+        for row in symbol_feed.updates:
+            parts.append(_BOOK_UPDATE.pack(row[0], row[1], row[2], (len(row) - 3) // 4))
+            parts.extend(
+                _LEVEL_CHANGE.pack(*row[index : index + 4]) for index in range(3, len(row), 4)
+            )
+        writer.count(len(symbol_feed.trades))
+        parts.extend(_TRADE.pack(*row) for row in symbol_feed.trades)
 
 
 def _arrival(order: OrderRecord) -> int:
@@ -283,6 +315,8 @@ class _Image:
     live: list[tuple[int, ...]]
     finished: list[tuple[int, ...]]
     streams: list[tuple[str, int, list[RetainedEvent]]]
+    # (symbol, book_sequence, trade_sequence, digest, updates, trades); None: no feed
+    feed: list[tuple[str, int, int, bytes, list[UpdateRow], list[TradeRow]]] | None
 
 
 def restore_snapshot(engine: MatcherEngine, data: bytes) -> None:
@@ -330,6 +364,11 @@ def _read_image(data: bytes) -> _Image:
         next_sequence, retained = reader.unpack(_STREAM)
         events = _read_events(reader, specs, retained)
         streams.append((oms_shard, next_sequence, events))
+    feed = _read_feed(reader) if version >= 3 else None
+    if (feed is not None) != (machine_version >= 2):
+        raise SnapshotFormatError(
+            f"state-machine version {machine_version} with snapshot layout {version}"
+        )
     if reader.offset != len(data):
         raise SnapshotFormatError("trailing bytes after the matcher snapshot")
     return _Image(
@@ -342,7 +381,30 @@ def _read_image(data: bytes) -> _Image:
         live,
         finished,
         streams,
+        feed,
     )
+
+
+def _read_feed(
+    reader: _Reader,
+) -> list[tuple[str, int, int, bytes, list[UpdateRow], list[TradeRow]]]:
+    feed = []
+    for _ in range(reader.count()):
+        symbol = reader.text()
+        book_sequence, trade_sequence, digest = reader.unpack(_FEED)
+        updates: list[UpdateRow] = []
+        for _ in range(reader.count()):
+            sequence, time_ms, status, levels = reader.unpack(_BOOK_UPDATE)
+            row = [sequence, time_ms, status]
+            for _ in range(levels):
+                row.extend(reader.unpack(_LEVEL_CHANGE))
+            updates.append(tuple(row))
+        trades: list[TradeRow] = [
+            (sequence, trade_id, price, quantity, side, time_ms)
+            for sequence, trade_id, price, quantity, side, time_ms in reader.rows(_TRADE)
+        ]
+        feed.append((symbol, book_sequence, trade_sequence, digest, updates, trades))
+    return feed
 
 
 def _read_specs(reader: _Reader) -> list[OrderSpec]:
@@ -531,6 +593,33 @@ def _install(engine: MatcherEngine, image: _Image) -> None:
     for order in engine.dedup.orders.values():
         digest_sum += order.digest
     engine.digest_sum = digest_sum & MASK
+    if image.feed is not None:
+        _install_feed(engine, image.feed)
+
+
+def _install_feed(
+    engine: MatcherEngine,
+    image: list[tuple[str, int, int, bytes, list[UpdateRow], list[TradeRow]]],
+) -> None:
+    """The feed's sequences, digests and windows; its mirror from the books just rested."""
+    feed = MarketFeed(engine.books, engine.settings.retained_market_data_per_symbol)
+    if sorted(feed.symbols) != [entry[0] for entry in image]:
+        raise SnapshotFormatError("the market feed's symbols are not the books'")
+    for symbol, book_sequence, trade_sequence, digest, updates, trades in image:
+        symbol_feed = feed.symbols[symbol]
+        for last, rows, stream in (
+            (book_sequence, updates, "book updates"),
+            (trade_sequence, trades, "trades"),
+        ):
+            first = last + 1 - len(rows)
+            if first < 1 or any(row[0] != first + index for index, row in enumerate(rows)):
+                raise SnapshotFormatError(f"{stream} of symbol {symbol!r} are not contiguous")
+        symbol_feed.book_sequence = book_sequence
+        symbol_feed.trade_sequence = trade_sequence
+        symbol_feed.digest = digest
+        symbol_feed.updates.extend(updates)
+        symbol_feed.trades.extend(trades)
+    engine.feed = feed
 
 
 def _orders(

@@ -7,8 +7,13 @@ new rule is written behind `engine.machine_version >= N`, the old one kept, N ad
 here, and the group switches at the VERSION entry `oms upgrade activate` logs once
 every replica runs a build that implements N (README, "Upgrades"). A change that
 decides nothing differently needs no version.
+
+Version 2 adds the market-data feed (`market_feed`): from the VERSION entry on, every
+entry also publishes per symbol its public trades and one book update, sequenced per
+symbol and retained; the feed's sequences, windows and digests are in the snapshot
+(layout 3) and the state hash. Orders are decided as in version 1.
 """
 
 from __future__ import annotations
 
-IMPLEMENTED_VERSIONS: frozenset[int] = frozenset({1})
+IMPLEMENTED_VERSIONS: frozenset[int] = frozenset({1, 2})
