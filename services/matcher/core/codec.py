@@ -2,14 +2,16 @@
 
 Decoding turns a `MatcherCommandBatch` into `commands` records (order ids are
 parsed here); encoding turns the engine's records into `MatcherCommandResult`,
-`MatcherEvent`, `OrderState`, `OpenOrdersSnapshot` and `LastPrice`. The same
-encoder serves live egress and resumes (`events_from`), so a subscriber sees
-identical events either way.
+`MatcherEvent`, `OrderState`, `OpenOrdersSnapshot` and `LastPrice`, and the
+market feed's records into `BookUpdate`, `PublicTrade`, `BookSnapshot` and
+`MarketDataBatch`. The same encoder serves live egress and resumes (`events_from`,
+`book_updates_from`, `trades_from`), so a subscriber sees identical messages either
+way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from google.protobuf.message import DecodeError
 
@@ -32,8 +34,15 @@ from services.matcher.core.event_log import (
     FillEvent,
     RejectedEvent,
 )
+from services.matcher.core.market_feed import (
+    BookLevel,
+    BookSnapshot,
+    BookUpdate,
+    MarketRecord,
+    PublicTrade,
+)
 from services.matcher.core.order_ids import parse_order_id
-from services.matcher.core.orders import OPEN, OrderSpec, OrderView, new_record
+from services.matcher.core.orders import BUY, OPEN, OrderSpec, OrderView, new_record
 from services.matcher.core.settings import SymbolSettings
 from services.matcher.core.symbols import LastTrade
 
@@ -355,3 +364,89 @@ def last_price_message(trade: LastTrade) -> matcher_pb2.LastPrice:
         trade_id=trade.trade_id,
         consensus_time_ms=trade.consensus_time_ms,
     )
+
+
+# --- market data ------------------------------------------------------------------------
+
+
+def fill_book_update(target: matcher_pb2.BookUpdate, update: BookUpdate) -> None:
+    symbol, book_sequence, consensus_time_ms, status, levels = update
+    target.symbol = symbol
+    target.book_sequence = book_sequence
+    target.consensus_time_ms = consensus_time_ms
+    target.status = status  # type: ignore[assignment]
+    add_bid = target.bids.add
+    add_ask = target.asks.add
+    for side, price_ticks, total_lots, order_count in levels:
+        level = add_bid() if side == BUY else add_ask()
+        level.price_ticks = price_ticks
+        if total_lots:
+            level.total_lots = total_lots
+        if order_count:
+            level.order_count = order_count
+
+
+def book_update_message(update: BookUpdate) -> matcher_pb2.BookUpdate:
+    message = matcher_pb2.BookUpdate()
+    fill_book_update(message, update)
+    return message
+
+
+def fill_public_trade(target: matcher_pb2.PublicTrade, trade: PublicTrade) -> None:
+    (
+        symbol,
+        trade_sequence,
+        trade_id,
+        price_ticks,
+        quantity_lots,
+        taker_side,
+        consensus_time_ms,
+    ) = trade
+    target.symbol = symbol
+    target.trade_sequence = trade_sequence
+    target.trade_id = trade_id
+    target.price_ticks = price_ticks
+    target.quantity_lots = quantity_lots
+    target.taker_side = taker_side  # type: ignore[assignment]
+    target.consensus_time_ms = consensus_time_ms
+
+
+def public_trade_message(trade: PublicTrade) -> matcher_pb2.PublicTrade:
+    message = matcher_pb2.PublicTrade()
+    fill_public_trade(message, trade)
+    return message
+
+
+def market_data_batch_message(records: Iterable[MarketRecord]) -> matcher_pb2.MarketDataBatch:
+    """One entry's market data: its trades, then its book updates, each in the order
+    published (per symbol in symbol order)."""
+    batch = matcher_pb2.MarketDataBatch()
+    add_trade = batch.trades.add
+    add_update = batch.book_updates.add
+    for record in records:
+        if isinstance(record, PublicTrade):
+            fill_public_trade(add_trade(), record)
+        else:
+            fill_book_update(add_update(), record)
+    return batch
+
+
+def _fill_levels(target: Iterable[BookLevel], add: Callable[[], matcher_pb2.BookLevel]) -> None:
+    for price_ticks, total_lots, order_count in target:
+        level = add()
+        level.price_ticks = price_ticks
+        level.total_lots = total_lots
+        level.order_count = order_count
+
+
+def book_snapshot_message(symbol: str, snapshot: BookSnapshot) -> matcher_pb2.BookSnapshot:
+    book_sequence, trade_sequence, status, bids, asks = snapshot
+    message = matcher_pb2.BookSnapshot(symbol=symbol)
+    if book_sequence:
+        message.book_sequence = book_sequence
+    if trade_sequence:
+        message.trade_sequence = trade_sequence
+    message.status = status  # type: ignore[assignment]
+    _fill_levels(bids, message.bids.add)
+    _fill_levels(asks, message.asks.add)
+    return message

@@ -10,13 +10,14 @@ from the leader, and followers, which drop it, should not pay for building
 messages. The leader's service calls `result_batch()` and `event_batches()`
 (or the per-item `result_messages()` / `event_messages()`). From state-machine
 version 2 on egress also holds the entry's market data (`market_feed`: per symbol
-its public trades, then its book update). Bytes that are not
-a batch, or a batch over `max_commands_per_batch`, are refused whole: an egress
-with no results, no events and `refused` set, and no state change.
+its public trades, then its book update), sent as one `MarketDataBatch`
+(`market_data_batch()`). Bytes that are not a batch, or a batch over
+`max_commands_per_batch`, are refused whole: an egress with no results, no events
+and `refused` set, and no state change.
 
-Queries (`order_state`, `open_orders`, `events_from`, `last_prices`) are plain
-methods, not logged; they read the state as of the last applied entry (the market
-data's are the engine's, `MatcherEngine.book_snapshot` and the like).
+Queries (`order_state`, `open_orders`, `events_from`, `last_prices`, and from
+version 2 on the market data's `book_snapshot`, `book_updates_from`, `trades_from`)
+are plain methods, not logged; they read the state as of the last applied entry.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class MatcherEgress:
 
     def trades(self) -> tuple[PublicTrade, ...]:
         return tuple(record for record in self.market if isinstance(record, PublicTrade))
+
+    def market_data_batch(self) -> matcher_pb2.MarketDataBatch | None:
+        """The entry's market data as one message; None when it published none."""
+        return codec.market_data_batch_message(self.market) if self.market else None
 
     def result_messages(self) -> list[matcher_pb2.MatcherCommandResult]:
         return [codec.result_message(result) for result in self.results]
@@ -162,6 +167,31 @@ class MatcherMachine:
         return [
             codec.event_message(event)
             for event in self.engine.events_from(oms_shard, from_sequence, limit)
+        ]
+
+    def book_snapshot(self, symbol: str, depth: int = 0) -> matcher_pb2.BookSnapshot:
+        """A symbol's book, `depth` levels per side (0: all); `UnknownSymbolError`,
+        `MarketFeedInactiveError` before version 2."""
+        return codec.book_snapshot_message(symbol, self.engine.book_snapshot(symbol, depth))
+
+    def book_updates_from(
+        self, symbol: str, from_sequence: int, limit: int | None = None
+    ) -> list[matcher_pb2.BookUpdate]:
+        """Retained book updates from `from_sequence` on; `MarketSequenceTooOldError` if
+        it is gone."""
+        return [
+            codec.book_update_message(update)
+            for update in self.engine.book_updates_from(symbol, from_sequence, limit)
+        ]
+
+    def trades_from(
+        self, symbol: str, from_sequence: int, limit: int | None = None
+    ) -> list[matcher_pb2.PublicTrade]:
+        """Retained public trades from `from_sequence` on; `MarketSequenceTooOldError` if
+        it is gone."""
+        return [
+            codec.public_trade_message(trade)
+            for trade in self.engine.trades_from(symbol, from_sequence, limit)
         ]
 
     def last_prices(self) -> list[matcher_pb2.LastPrice]:

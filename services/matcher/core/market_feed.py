@@ -48,6 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
 from typing import Final, NamedTuple, TypeAlias, TypeVar
 
+from protos.oms.v1 import matcher_pb2
 from services.matcher.core.errors import MarketSequenceTooOldError, UnknownSymbolError
 from services.matcher.core.event_log import EventRecord, FillEvent, RejectedEvent
 from services.matcher.core.order_book import BookSide
@@ -55,9 +56,8 @@ from services.matcher.core.orders import BUY, LIMIT, new_record
 from services.matcher.core.settings import INT64_MAX
 from services.matcher.core.symbols import SymbolBook
 
-# oms.v1.BookStatus (the proto gains the enum with the feed's messages)
-TRADING: Final[int] = 1
-HALTED: Final[int] = 2
+TRADING: Final[int] = matcher_pb2.BOOK_STATUS_TRADING
+HALTED: Final[int] = matcher_pb2.BOOK_STATUS_HALTED
 DIGEST_SIZE: Final = 16
 
 
