@@ -11,7 +11,9 @@
 A refusal by the gateway raises `GatewayCallError` carrying the status code and
 the contract's reason name (`x-oms-reason`); a refusal by the shard is an ack
 with `accepted = false`, as the contract says. `AdminClient` does the same for
-the admin API with the admin key.
+the admin API with the admin key, and `MarketDataClient` (`market_data_client.py`)
+for the market-data service: instruments, books (`follow_book` keeps a `LocalBook`
+from the stream), trades, tickers and candles.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gateway.client_streams import OrderUpdateStream, TradeStream
+from gateway.market_data_client import BookOutOfSyncError, LocalBook, MarketDataClient
 from gateway.signed_channel import (
     DEFAULT_TIMEOUT_S,
     GatewayCallError,
@@ -33,7 +36,16 @@ from gateway.signed_channel import (
 from gateway.signing import Ed25519Signer
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 
-__all__ = ["AdminClient", "GatewayCallError", "OmsClient", "OrderUpdateStream", "TradeStream"]
+__all__ = [
+    "AdminClient",
+    "BookOutOfSyncError",
+    "GatewayCallError",
+    "LocalBook",
+    "MarketDataClient",
+    "OmsClient",
+    "OrderUpdateStream",
+    "TradeStream",
+]
 
 ORDER_SERVICE = "/oms.v1.OrderGateway/"
 ADMIN_SERVICE = "/oms.v1.AdminGateway/"

@@ -27,11 +27,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from gateway.clusters import PersisterPool
 from gateway.core.refusals import GatewayError
-from protos.oms.v1 import common_pb2
+from protos.oms.v1 import common_pb2, persister_pb2
 
 MAX_API_KEY_LENGTH = 128
 
@@ -79,10 +78,16 @@ class _Entry:
         self.retry_at = self.due_at  # a failed background check waits until then
 
 
+class CredentialSource(Protocol):
+    """Where keys are read: any persister (`PersisterPool`, or one `PersisterClient`)."""
+
+    async def credential(self, api_key: str) -> persister_pb2.Credential | None: ...
+
+
 class CredentialDirectory:
     def __init__(
         self,
-        persister: PersisterPool,
+        persister: CredentialSource,
         *,
         admin: KeyHolder | None,
         capacity: int,

@@ -127,6 +127,14 @@ class PersisterClient:
         except grpc.aio.AioRpcError as error:
             raise self._refused("ListFills", error) from error
 
+    async def candles(self, query: persister_pb2.CandleQuery) -> persister_pb2.CandlePage:
+        try:
+            stub = await self._stub()
+            page: persister_pb2.CandlePage = await stub.ReadCandles(query, timeout=self.timeout_s)
+            return page
+        except grpc.aio.AioRpcError as error:
+            raise self._refused("ReadCandles", error) from error
+
     async def prefetch(self, user_ids: Sequence[int]) -> None:
         try:
             stub = await self._stub()

@@ -34,6 +34,8 @@ STREAM_METHODS = frozenset(
     {
         "/oms.v1.OrderGateway/StreamOrderUpdates",
         "/oms.v1.OrderGateway/Trade",
+        "/oms.v1.MarketData/StreamOrderBook",
+        "/oms.v1.MarketData/StreamTrades",
     }
 )
 

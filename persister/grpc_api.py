@@ -42,6 +42,7 @@ from persister.api_keys import (
     revoke_api_key,
     rotate_api_key,
 )
+from persister.candle_reads import candle_problem, read_candles
 from persister.counters import Counters
 from persister.errors import StoreError, StoreUnavailable
 from persister.history_reads import page_problem, read_fill_page, read_order_page, stored_fill
@@ -70,6 +71,7 @@ COUNTERS = (
     "prefetch_requests",
     "prefetch_offers",
     "history_pages",
+    "candle_reads",
     "reads_behind",
 )
 
@@ -298,6 +300,16 @@ class PersisterApi:
         self.counters.add("history_pages")
         return persister_pb2.FillPage(fills=[stored_fill(row) for row in page.rows], more=page.more)
 
+    async def read_candles(
+        self, request: persister_pb2.CandleQuery, context: Context
+    ) -> persister_pb2.CandlePage:
+        if problem := candle_problem(request):
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, _INVALID_FIELD, problem)
+        async with self.store.session() as session:
+            page = await read_candles(session, request)
+        self.counters.add("candle_reads")
+        return page
+
     async def _written_through(self, position: int, context: Context) -> None:
         """Wait (bounded) until every write of the shard's log through `position` is
         committed: a read then sees everything the caller saw in the shard, and more."""
@@ -367,6 +379,9 @@ class PersisterApi:
             ),
             "ListOrders": unary(
                 self.list_orders, persister_pb2.OrderPageQuery, persister_pb2.OrderPage
+            ),
+            "ReadCandles": unary(
+                self.read_candles, persister_pb2.CandleQuery, persister_pb2.CandlePage
             ),
             "ListFills": unary(
                 self.list_fills, persister_pb2.FillPageQuery, persister_pb2.FillPage

@@ -34,6 +34,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("chaos", "simulation.chaos_command"),
     ("bench", "services.bench.command"),
     ("gateway", "gateway.command"),
+    ("marketdata", "services.market_data.command"),
     ("client", "gateway.client_command"),
     ("bridge", "bridge.command"),
     ("reconciler", "services.reconciler.command"),
@@ -57,7 +58,16 @@ COMMAND_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "the services (what `oms up` and the Kubernetes manifests run)",
         "Each lists the environment variables it reads at the end of its --help.",
-        ("gateway", "shard", "matcher", "persister", "bridge", "reconciler", "operator"),
+        (
+            "gateway",
+            "marketdata",
+            "shard",
+            "matcher",
+            "persister",
+            "bridge",
+            "reconciler",
+            "operator",
+        ),
     ),
     ("measure and test", "", ("bench", "sim", "chaos")),
 )

@@ -49,6 +49,16 @@ def mesh_channel(address: str) -> grpc.aio.Channel:
     return mesh_transport().channel(address, CHANNEL_OPTIONS)
 
 
+# The services clients reach on the public port (its certificate, no client certificate).
+PUBLIC_SERVICES = frozenset({"gateway", "marketdata"})
+
+
+def service_channel(service: str, address: str) -> grpc.aio.Channel:
+    """A channel to one of the mesh's services by its name: the public port's for a
+    public service, the mesh's otherwise."""
+    return (gateway_channel if service in PUBLIC_SERVICES else mesh_channel)(address)
+
+
 def gateway_channel(address: str) -> grpc.aio.Channel:
     """A client's channel to the gateway's public port: TLS checked by the client's
     authority and the host name, unless plaintext."""

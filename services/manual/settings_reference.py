@@ -37,6 +37,12 @@ class Section:
 
 SECTIONS: tuple[Section, ...] = (
     Section("gateway", "Gateway", "gateway.settings:GatewaySettings", "`oms gateway`"),
+    Section(
+        "marketdata",
+        "Market data",
+        "services.market_data.settings:MarketDataSettings",
+        "`oms marketdata`",
+    ),
     Section("shard", "User shard", "services.shard.settings:ShardServiceSettings", "`oms shard`"),
     Section(
         "matcher",
@@ -66,7 +72,7 @@ SECTIONS: tuple[Section, ...] = (
         "tls",
         "TLS",
         "services.transport.tls:TransportSettings",
-        "every process that serves or opens a gRPC link or an etcd connection: the six"
+        "every process that serves or opens a gRPC link or an etcd connection: the seven"
         " services, `oms operator`, `oms client`, `oms status`, `omsctl` and the other tools",
     ),
     Section(

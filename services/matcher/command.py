@@ -59,6 +59,7 @@ def engine_settings(settings: MatcherServiceSettings) -> EngineSettings:
         ),
         dedup_horizon_ms=settings.dedup_horizon_ms,
         retained_events_per_shard=settings.retained_events_per_shard,
+        retained_market_data_per_symbol=settings.retained_market_data_per_symbol,
     )
 
 
@@ -98,7 +99,11 @@ async def serve(settings: MatcherServiceSettings) -> None:
     host.install_signal_handlers()
     fences = WriterFences(settings.etcd_endpoints, settings.mesh_id)
     try:
-        await host.run(lambda h: MatcherServicer(h, settings.max_inflight_batches, fences).plan())
+        await host.run(
+            lambda h: MatcherServicer(
+                h, settings.max_inflight_batches, fences, settings.version_at_start
+            ).plan()
+        )
     finally:
         await fences.close()
 

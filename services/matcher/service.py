@@ -30,9 +30,12 @@ from services.matcher.core.codec import result_batch_message
 from services.matcher.core.errors import SequenceTooOldError
 from services.matcher.core.event_log import FillEvent
 from services.matcher.core.machine import MatcherEgress, MatcherMachine
+from services.matcher.core.market_feed import BookUpdate
+from services.matcher.market_data import MarketDataServing
 from services.observability.tracing import context_from_metadata, tracer
 from services.runtime.hosting import HostPlan, RuntimeHost
 from services.runtime.sequencer import Receipt
+from services.runtime.upgrades import start_new_log_at
 from services.serving.user_batches import user_batch_problem
 from services.serving.writer_admission import admit_writer, superseded
 
@@ -61,6 +64,14 @@ class DurableView:
         self.last_prices: dict[str, matcher_pb2.LastPrice] = {
             price.symbol: price for price in machine.last_prices()
         }
+        # Per symbol, the newest durable book update and trade (version 2's feed).
+        feed = machine.engine.feed
+        self.book_sequences: dict[str, int] = {}
+        self.trade_sequences: dict[str, int] = {}
+        if feed is not None:
+            for symbol, symbol_feed in feed.symbols.items():
+                self.book_sequences[symbol] = symbol_feed.book_sequence
+                self.trade_sequences[symbol] = symbol_feed.trade_sequence
 
     async def follow(self, host: RuntimeHost[MatcherEgress]) -> None:
         # A follower applied records while it followed, after this view was made.
@@ -76,6 +87,11 @@ class DurableView:
                         self.sequences[shard] = event.sequence
                     if isinstance(event, FillEvent):
                         last_fills[event.spec.symbol] = event
+                for market in egress.market:
+                    if isinstance(market, BookUpdate):
+                        self.book_sequences[market.symbol] = market.book_sequence
+                    else:
+                        self.trade_sequences[market.symbol] = market.trade_sequence
             for symbol, fill in last_fills.items():
                 self.last_prices[symbol] = matcher_pb2.LastPrice(
                     symbol=symbol,
@@ -93,13 +109,21 @@ class DurableView:
 
 class MatcherServicer:
     def __init__(
-        self, host: RuntimeHost[MatcherEgress], max_inflight: int, fences: WriterFences
+        self,
+        host: RuntimeHost[MatcherEgress],
+        max_inflight: int,
+        fences: WriterFences,
+        version_at_start: int = 0,
     ) -> None:
         self.host = host
+        self.version_at_start = version_at_start
+        # Made before the host's sequencer runs: an empty log now is a new group's.
+        self.new_log = host.node.replica.applied_position == 0
         self.fences = fences  # the bridges' terms (their tokens ride on Execute)
         self.machine: MatcherMachine = host.node.replica.machine  # type: ignore[assignment]
         self.view = DurableView(self.machine)
         self.max_inflight = max_inflight
+        self.market_data = MarketDataServing(host, self.machine, self.view)
 
     async def execute(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
@@ -252,6 +276,7 @@ class MatcherServicer:
                 response_serializer=matcher_pb2.LastPrice.SerializeToString,
             ),
         }
+        handlers.update(self.market_data.handlers())
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
         )
@@ -260,9 +285,16 @@ class MatcherServicer:
         return HostPlan(
             service_names=(SERVICE_NAME,),
             register=self.register,
-            loops=[lambda: self.view.follow(self.host)],
+            loops=[
+                lambda: self.view.follow(self.host),
+                self.start_new_log,
+            ],
             metrics=[("matcher", self.metric_numbers)],
         )
+
+    async def start_new_log(self) -> None:
+        if self.new_log:
+            await start_new_log_at(self.host, self.version_at_start)
 
     def metric_numbers(self) -> dict[str, int]:
         """For the metrics endpoint (a follower's are those of the log it has applied)."""

@@ -33,6 +33,19 @@ class MatcherServiceSettings:
         help="events kept per user shard for a bridge that resumes; older ones are gone"
         " (the reconciler heals what a resume past them missed)",
     )
+    retained_market_data_per_symbol: int = setting(
+        env="OMS_MATCHER_RETAINED_MARKET_DATA",
+        default=10_000,
+        help="book updates, and as many trades, kept per symbol for a market-data service"
+        " that resumes; one that asks for older ones gets a fresh snapshot of the book",
+    )
+    version_at_start: int = setting(
+        env="OMS_MATCHER_VERSION_AT_START",
+        default=0,
+        help="the state-machine version a new group's empty log starts at (0: the newest"
+        " this build implements); a log that holds entries is switched only by"
+        " `oms upgrade activate`",
+    )
     snapshot_interval_entries: int = setting(
         env="OMS_MATCHER_SNAPSHOT_ENTRIES",
         default=200_000,

@@ -186,6 +186,14 @@ def mesh_children(
             ),
         ]
     services.append(("gateway", ["gateway", "--listen", record.gateway], gateway))
+    if record.market_data:
+        market_data = {
+            "OMS_MARKETDATA_PERSISTER": FROM_ETCD
+            if replicated and record.colocated
+            else clusters[0].persister,
+            "OMS_MARKETDATA_PERSISTER_SHARD": clusters[0].cluster_id,
+        }
+        services.append(("marketdata", ["marketdata", "--listen", record.market_data], market_data))
     metrics = {name: reuse_or_new_address(record.metrics.get(name)) for name, _, _ in services}
     for name, argv, _ in services:
         listen = argv[argv.index("--listen") + 1]
@@ -195,7 +203,8 @@ def mesh_children(
         if tls is None:
             return {"OMS_TLS": "off"}
         own = tls.service_environment(name)
-        return {**own, **tls.gateway_environment()} if name == "gateway" else own
+        public = name in ("gateway", "marketdata")  # the public port's certificate
+        return {**own, **tls.gateway_environment()} if public else own
 
     return [
         ChildSpec(
@@ -292,6 +301,7 @@ def run_up(arguments: argparse.Namespace) -> int:
     targets = write_scrape_targets(infra.state_dir, record)
     print(f"[mesh] Prometheus targets (file_sd_configs): {targets}", flush=True)
     print(f"[mesh] gateway {record.gateway}", flush=True)
+    print(f"[mesh] market data {record.market_data}", flush=True)
     if tls is not None:
         for who, variables in (
             ("`oms client`", tls.client_environment()),

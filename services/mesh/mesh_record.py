@@ -102,6 +102,8 @@ class MeshRecord:
     # and each follower replica's roles have their own (`role_followers`).
     colocated: bool = False
     role_followers: list[list[str]] = field(default_factory=list)
+    # The market-data service's public address; "" in a record made before it existed.
+    market_data: str = ""
 
     @property
     def replicated(self) -> bool:
@@ -234,6 +236,7 @@ def prepare_mesh_record(
         or base64.b64encode(secrets.token_bytes(32)).decode(),
         colocated=colocated,
         role_followers=role_followers(previous.role_followers if previous else []),
+        market_data=address((previous.market_data or None) if previous else None),
     )
     write_mesh_record(state_dir, record)
     return record

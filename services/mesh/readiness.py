@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.clients.channels import gateway_channel, mesh_channel
+from services.clients.channels import service_channel
 
 POLL_INTERVAL_S = 0.5
 # What `oms up` says once every service serves, and what `oms demo` waits for.
@@ -33,10 +33,7 @@ async def serving(stub: health_pb2_grpc.HealthStub) -> bool:
 
 
 def _channels(addresses: Mapping[str, str]) -> dict[str, grpc.aio.Channel]:
-    return {
-        name: (gateway_channel if name == "gateway" else mesh_channel)(address)
-        for name, address in addresses.items()
-    }
+    return {name: service_channel(name, address) for name, address in addresses.items()}
 
 
 async def wait_until_serving(groups: Mapping[str, Sequence[str]], deadline_s: float) -> None:
@@ -46,7 +43,7 @@ async def wait_until_serving(groups: Mapping[str, Sequence[str]], deadline_s: fl
     a follower replica (`--colocate --replicas 3`) opens no port until its replica leads.
     A mesh just started by `oms up` takes some seconds (a shard replays its log)."""
     channels = {
-        (name, address): (gateway_channel if name == "gateway" else mesh_channel)(address)
+        (name, address): service_channel(name, address)
         for name, addresses in groups.items()
         for address in addresses
     }

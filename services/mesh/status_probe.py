@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import grpc
 
 from protos.oms.v1 import status_pb2, status_pb2_grpc
 from services.clients.call_failures import call_failure
-from services.clients.channels import gateway_channel, mesh_channel
+from services.clients.channels import service_channel
 from services.mesh.status_rows import ProcessReport, ProcessTarget
 
 DEFAULT_TIMEOUT_S = 1.0
@@ -31,7 +32,7 @@ async def probe_all(
 
 
 async def probe(target: ProcessTarget, timeout_s: float) -> ProcessReport:
-    open_channel = gateway_channel if target.service == "gateway" else mesh_channel
+    open_channel = partial(service_channel, target.service)
     started = time.monotonic()
     try:
         async with open_channel(target.address) as channel:

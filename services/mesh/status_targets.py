@@ -24,6 +24,8 @@ LEADER_ONLY_ROLES = ("persister", "bridge", "reconciler")
 def targets_of_record(record: MeshRecord) -> list[ProcessTarget]:
     """Every process `oms up` started for this record, grouped by service."""
     targets = [ProcessTarget("gateway", "", 0, record.gateway)]
+    if record.market_data:
+        targets.append(ProcessTarget("marketdata", "", 0, record.market_data))
     clusters = record.clusters()
     for cluster in clusters:
         targets += [

@@ -30,6 +30,7 @@ import structlog
 from protos.oms.v1 import replica_pb2
 from services.coordination.errors import CoordinationError
 from services.runtime.core.replica import describe_versions
+from services.runtime.errors import IngressFullError
 
 if TYPE_CHECKING:
     from services.runtime.hosting import RuntimeHost
@@ -181,3 +182,24 @@ def _register(server: grpc.aio.Server, get_versions: Any, activate_version: Any)
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
+async def start_new_log_at(host: RuntimeHost[Any], version: int) -> None:
+    """On a new group's log (the caller saw it empty when the host started, before the
+    sequencer logged anything), the writer logs a VERSION entry for `version` (0: the
+    newest its build implements), so a new group decides under today's rules from its
+    start instead of under version 1 until someone switches it. Logged like any switch:
+    every replica, and every replay, switches at the same position; the timer entries
+    and commands logged before it are decided under the version before, as they were.
+    A group whose log held anything at the start is switched by `oms upgrade activate`
+    only."""
+    machine = host.node.replica.machine
+    wanted = version or max(machine.implemented_versions)
+    if wanted <= machine.version:
+        return
+    try:
+        position = await host.node.sequencer.propose_version(wanted)
+    except (ValueError, IngressFullError) as error:  # not implemented; or stopping
+        log.error("upgrade.new_log_version_refused", version=wanted, error=str(error))
+        return
+    log.info("upgrade.new_log_version", version=wanted, position=position)

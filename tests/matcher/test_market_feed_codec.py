@@ -63,6 +63,9 @@ def snapshot_fields(message: matcher_pb2.BookSnapshot) -> BookSnapshot:
         message.status,
         levels_of(message.bids),
         levels_of(message.asks),
+        message.last_trade_id,
+        message.consensus_time_ms,
+        message.last_price_ticks,
     )
 
 

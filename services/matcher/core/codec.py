@@ -440,8 +440,14 @@ def _fill_levels(target: Iterable[BookLevel], add: Callable[[], matcher_pb2.Book
 
 
 def book_snapshot_message(symbol: str, snapshot: BookSnapshot) -> matcher_pb2.BookSnapshot:
-    book_sequence, trade_sequence, status, bids, asks = snapshot
+    book_sequence, trade_sequence, status, bids, asks, last_trade_id, time_ms, price = snapshot
     message = matcher_pb2.BookSnapshot(symbol=symbol)
+    if price:
+        message.last_price_ticks = price
+    if last_trade_id:
+        message.last_trade_id = last_trade_id
+    if time_ms:
+        message.consensus_time_ms = time_ms
     if book_sequence:
         message.book_sequence = book_sequence
     if trade_sequence:

@@ -106,6 +106,9 @@ class BookSnapshot(NamedTuple):
     status: int
     bids: tuple[BookLevel, ...]  # best (highest) first
     asks: tuple[BookLevel, ...]  # best (lowest) first
+    last_trade_id: int = 0  # the symbol's last trade's id (Fill.trade_id), 0: none
+    consensus_time_ms: int = 0  # of the newest retained update, 0: none
+    last_price_ticks: int = 0  # the symbol's last trade's price, 0: none
 
 
 MarketRecord = PublicTrade | BookUpdate
@@ -344,6 +347,9 @@ class MarketFeed:
             HALTED if book.halted else TRADING,
             _levels(book.bids, depth),
             _levels(book.asks, depth),
+            book.last_trade_id,
+            feed.updates[-1][1] if feed.updates else 0,
+            book.last_price_ticks if book.last_trade_id else 0,
         )
 
 
