@@ -26,15 +26,15 @@ from services.market_data.ticker import RollingDay
 
 @dataclass(slots=True)
 class FeedStatistics:
-    batches: int = 0
-    book_updates: int = 0
-    trades: int = 0
-    snapshots: int = 0
+    batches: int = 0  # MarketDataBatch messages applied from the matchers
+    book_updates: int = 0  # matcher book updates applied to the mirrored books
+    trades: int = 0  # trades taken (a trade sent again after a reconnect is not counted)
+    snapshots: int = 0  # books replaced by a matcher snapshot (first reads and resyncs)
     gaps: int = 0  # updates that did not follow (the feed resynchronised)
     crossed_books: int = 0  # a book found crossed after a batch (never expected)
     trades_lost: int = 0  # trades the matcher no longer held when the service asked
-    messages_serialized: int = 0
-    messages_offered: int = 0
+    messages_serialized: int = 0  # diffs and trade messages serialized (once each)
+    messages_offered: int = 0  # those messages offered to streams (one per stream)
     resyncs: int = 0  # book streams sent a fresh book after falling behind or a resnapshot
     streams_ended_behind: int = 0  # trade streams ended RESOURCE_EXHAUSTED
 
@@ -43,6 +43,7 @@ class SymbolMarket:
     __slots__ = (
         "book",
         "day",
+        "followed",
         "trade_id_at_start",
         "trade_streams",
         "trades",
@@ -55,6 +56,9 @@ class SymbolMarket:
         # The last trade before the first book read: the day's earlier trades are those
         # up to it, read from the fills (`MarketDataService.seed_days`).
         self.trade_id_at_start = 0
+        # A snapshot was applied once: the book is marked UNKNOWN again after a gap, yet
+        # the trades held go on from where they were.
+        self.followed = False
         self.trades: deque[market_data_pb2.MarketTrade] = deque(maxlen=retained_trades)
         self.day = RollingDay()
         self.views: dict[int, DepthView] = {}
@@ -88,11 +92,16 @@ class MarketMirror:
         for snapshot in batch.snapshots:
             market = self.symbols[snapshot.symbol]
             known, trades_seen = market.book.known, market.book.trade_sequence
+            followed, market.followed = market.followed, True
             market.book.reset(snapshot)
-            if not known and not market.trade_id_at_start:
+            if not followed:
                 market.trade_id_at_start = snapshot.last_trade_id
             if known:  # trades go on from where they were: they come in this batch
                 market.book.trade_sequence = trades_seen
+            elif followed and trades_seen < snapshot.trade_sequence:
+                # Forgotten after a gap, the book was asked for with no position: the
+                # group's trades go on after the snapshot's, those between never come.
+                self._lose_trades(market, trades_seen, snapshot.trade_sequence + 1)
             stats.snapshots += 1
             self._seen(snapshot.symbol, snapshot.consensus_time_ms)
             self._resynchronise(market)
@@ -161,8 +170,11 @@ class MarketMirror:
             stats.messages_serialized += 1
             for subscriber in market.view_streams[depth]:
                 stats.messages_offered += 1
-                if not subscriber.offer(data):
-                    stats.resyncs += subscriber.resync
+                # Counted when the stream overflows, not again for every message it
+                # skips until its writer sends the fresh book.
+                behind = subscriber.resync
+                if not subscriber.offer(data) and subscriber.resync and not behind:
+                    stats.resyncs += 1
 
     def _publish_trades(
         self, market: SymbolMarket, trades: list[market_data_pb2.MarketTrade]
@@ -176,7 +188,10 @@ class MarketMirror:
         stats.messages_serialized += 1
         for subscriber in market.trade_streams:
             stats.messages_offered += 1
-            if not subscriber.offer(data) and subscriber.ended:
+            # Counted when this offer overflows it: not a stream ended already (behind,
+            # or by lost trades) that its writer has not closed yet.
+            ended = subscriber.ended
+            if not subscriber.offer(data) and subscriber.ended and not ended:
                 stats.streams_ended_behind += 1
 
     def _resynchronise(self, market: SymbolMarket) -> None:
@@ -185,9 +200,10 @@ class MarketMirror:
             view.rebase()
             for subscriber in market.view_streams[depth]:
                 subscriber.queue.clear()
-                subscriber.resync = True
+                if not subscriber.resync:
+                    subscriber.resync = True
+                    self.statistics.resyncs += 1
                 subscriber.wake.set()
-                self.statistics.resyncs += 1
 
     def _lose_trades(self, market: SymbolMarket, held: int, next_sequence: int) -> None:
         """Trades held+1 .. next-1 are gone for good: no stream may go on past them."""
