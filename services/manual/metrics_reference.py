@@ -271,12 +271,31 @@ def _persister() -> list[Number]:
     return [*declared_counters(service), *returned_keys(service.status)]
 
 
+def _market_data() -> list[Number]:
+    feed = fields_of(_load("services.market_data.market_mirror:FeedStatistics"))
+    return [
+        *(dataclasses.replace(number, name=f"feed_{number.name}") for number in feed),
+        *returned_keys(_load("services.market_data.service:MarketDataService.status")),
+        Number("matcher_connected", "1 while the group's feed is followed", key="matcher group"),
+        Number("matcher_breaks", "times the group's feed broke off", key="matcher group"),
+        Number("calls", "calls received", key="method"),
+        Number("refused", "calls refused", key="method"),
+    ]
+
+
 NUMBER_SOURCES: tuple[NumberSource, ...] = (
     NumberSource(
         "gateway",
         "`oms gateway`",
         "the names `gateway/` adds to its counters, and `Gateway.status` in `gateway/service.py`",
         _gateway,
+    ),
+    NumberSource(
+        "marketdata",
+        "`oms marketdata`",
+        "`FeedStatistics` in `services/market_data/market_mirror.py` (as `feed_<name>`), and"
+        " `MarketDataService.status` in `services/market_data/service.py`",
+        _market_data,
     ),
     NumberSource(
         "shard",

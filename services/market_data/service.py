@@ -457,11 +457,15 @@ class MarketDataService:
         )
 
     def status(self) -> tuple[dict[str, int], dict[str, str]]:
-        numbers = {f"feed.{name}": value for name, value in asdict(self.mirror.statistics).items()}
-        numbers["streams"] = self.streams
-        numbers["connections_with_streams"] = len(self.streams_by_peer)
+        """Status numbers: `feed_<name>` (`FeedStatistics`), the streams and queues, and
+        per matcher group and per call keyed families (metrics: one per family, `key`)."""
+        numbers = {f"feed_{name}": value for name, value in asdict(self.mirror.statistics).items()}
+        numbers["streams"] = self.streams  # book and trade streams open now
+        numbers["connections_with_streams"] = len(self.streams_by_peer)  # peers streaming
+        numbers["symbols"] = len(self.mirror.symbols)  # every instrument of the catalog
+        # Symbols whose book the service holds (the others are UNKNOWN to clients).
         numbers["symbols_known"] = sum(market.book.known for market in self.mirror.symbols.values())
-        numbers["symbols"] = len(self.mirror.symbols)
+        # Messages waiting in every stream's queue, all streams together.
         numbers["queued_messages"] = sum(
             len(subscriber.queue)
             for market in self.mirror.symbols.values()
@@ -469,14 +473,14 @@ class MarketDataService:
             for subscriber in streams
         )
         for follower in self.followers:
-            numbers[f"matcher.{follower.group}.connected"] = int(follower.connected)
-            numbers[f"matcher.{follower.group}.breaks"] = follower.breaks
+            numbers[f"matcher_connected.{follower.group}"] = int(follower.connected)
+            numbers[f"matcher_breaks.{follower.group}"] = follower.breaks
         for method, count in self.calls.items():
             numbers[f"calls.{method}"] = count
         for method, count in self.refused.items():
             numbers[f"refused.{method}"] = count
         info = {
-            f"matcher.{follower.group}.last_error": follower.last_error
+            f"matcher_error.{follower.group}": follower.last_error
             for follower in self.followers
             if follower.last_error
         }

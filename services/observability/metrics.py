@@ -106,6 +106,13 @@ GAUGES = frozenset(
         "pending_hydrations",
         "pending_dedup_lookups",
         "unknown_users_cached",
+        # the market-data service (services/market_data/service.py)
+        "streams",
+        "connections_with_streams",
+        "symbols",
+        "symbols_known",
+        "queued_messages",
+        "matcher_connected",
     }
 )
 _NOT_A_METRIC_CHARACTER = re.compile(r"[^a-zA-Z0-9_]")
