@@ -41,6 +41,10 @@ SELECT coalesce(max(trade_id), 0) FROM fills
 WHERE symbol = $1 AND NOT maker AND ($2::bigint = 0 OR trade_id <= $2::bigint)
 """
 
+_STORED_TRADES = """
+SELECT count(*) FROM fills WHERE symbol = $1 AND NOT maker AND trade_id <= $2::bigint
+"""
+
 
 def candle_problem(query: persister_pb2.CandleQuery) -> str:
     """Why a candle query is refused ("" if it is not)."""
@@ -71,8 +75,13 @@ async def read_candles(
         INT64_MAX,
     )
     stored = await session.fetchval(_STORED_MAX_TRADE_ID, query.symbol, query.max_trade_id)
+    # Counted only when asked (a bound given): one index range, of the symbol's trades.
+    count = 0
+    if query.max_trade_id:
+        count = await session.fetchval(_STORED_TRADES, query.symbol, query.max_trade_id)
     return persister_pb2.CandlePage(
         candles=[market_data_pb2.Candle(**row) for row in rows[: query.limit]],
         more=len(rows) > query.limit,
         stored_max_trade_id=int(stored or 0),
+        stored_trades=int(count or 0),
     )

@@ -47,6 +47,7 @@ class SymbolMarket:
         "trade_id_at_start",
         "trade_streams",
         "trades",
+        "trades_at_start",
         "view_streams",
         "views",
     )
@@ -56,6 +57,10 @@ class SymbolMarket:
         # The last trade before the first book read: the day's earlier trades are those
         # up to it, read from the fills (`MarketDataService.seed_days`).
         self.trade_id_at_start = 0
+        # And how many trades the feed had published up to it (its trade_sequence): the
+        # fills up to it are all written once PostgreSQL holds as many (from version 2's
+        # activation on, the feed counts every trade; an upgraded group had some before).
+        self.trades_at_start = 0
         # A snapshot was applied once: the book is marked UNKNOWN again after a gap, yet
         # the trades held go on from where they were.
         self.followed = False
@@ -96,6 +101,7 @@ class MarketMirror:
             market.book.reset(snapshot)
             if not followed:
                 market.trade_id_at_start = snapshot.last_trade_id
+                market.trades_at_start = snapshot.trade_sequence
             if known:  # trades go on from where they were: they come in this batch
                 market.book.trade_sequence = trades_seen
             elif followed and trades_seen < snapshot.trade_sequence:

@@ -363,8 +363,8 @@ class MarketDataService:
                 except GatewayError as error:
                     log.info("marketdata.day_unread", symbol=symbol, error=error.detail)
                     continue
-                if page.stored_max_trade_id < first:
-                    continue  # the persister has not written them all yet
+                if page.stored_max_trade_id < first or page.stored_trades < market.trades_at_start:
+                    continue  # the persisters have not written them all yet
                 market.day.seed(
                     [
                         (

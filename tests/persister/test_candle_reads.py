@@ -191,6 +191,7 @@ async def test_max_trade_id_bounds_the_trades_and_what_is_stored(store: Store) -
     page = await read(store, max_trade_id=22)
     assert list(page.candles) == [candle(0, (100, 108, 100, 108), 7, 200 + 101 + 432, 3)]
     assert page.stored_max_trade_id == 22 and not page.more
+    assert page.stored_trades == 3  # the taker rows up to trade 22
     page = await read(store, max_trade_id=29)
     assert list(page.candles) == [FIRST_MINUTE] and page.stored_max_trade_id == 23
     page = await read(store, max_trade_id=39)
