@@ -1,6 +1,9 @@
 """`oms client place|cancel|orders|order|history|fills|balances|positions`: the public API;
 `oms client keys ...`, a user's API keys through the admin API (`gateway/key_command.py`);
-`oms client admin ...`, an operator's controls of one user (`gateway/admin_command.py`).
+`oms client admin ...`, an operator's controls of one user (`gateway/admin_command.py`);
+`oms client instruments|book|trades|ticker|candles`, market data from the market-data
+service (`--market-data` or OMS_MARKETDATA_ADDRESS, else the local mesh's; a key only
+where market data is not public: `gateway/market_data_command.py`).
 
 The key signs every call: `--api-key/--api-secret/--user-id` or OMS_API_KEY,
 OMS_API_SECRET, OMS_USER_ID; the gateway is `--gateway` or OMS_GATEWAY_ADDRESS.
@@ -26,7 +29,6 @@ import asyncio
 import secrets
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,8 @@ from gateway.client import GatewayCallError, OmsClient
 from gateway.client_waits import refusal, through_elections
 from gateway.key_command import read_private_key, register_keys
 from gateway.local_mesh_client import adopt_local_mesh, gateway_named
+from gateway.market_data_command import ADDRESS_ENV, register_market_data
+from gateway.market_data_display import format_table
 from gateway.settings import ClientSettings
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from services.manual.settings_help import TRANSPORT, list_settings
@@ -81,10 +85,18 @@ def register(subparsers: Any) -> None:
         dest="private_key_file",
         help="an Ed25519 key's private key (PEM), instead of --api-secret",
     )
+    parser.add_argument(
+        "--market-data",
+        default=None,
+        dest="market_data",
+        help=f"host:port of the market-data service (env {ADDRESS_ENV}; else the local"
+        " mesh's, from --state-dir)",
+    )
     list_settings(parser, ClientSettings, shared=(TRANSPORT,))
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     register_keys(actions)
     register_admin(actions)
+    register_market_data(actions)
 
     place = actions.add_parser("place", help="place one order")
     place.add_argument("symbol", help="e.g. BTC-USDT")
@@ -219,16 +231,6 @@ def describe_ack(ack: gateway_pb2.OrderAck) -> str:
     reason = _name(shard_pb2.ShardRejectReason, ack.reject_reason, "SHARD_REJECT_REASON_")
     retry = "; retry later with the same client order id" if ack.retryable else ""
     return f"rejected {ack.client_order_id}: {reason}{retry}{again}"
-
-
-def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [list(header), *[[str(cell) for cell in row] for row in rows]]
-    widths = [max(len(row[column]) for row in cells) for column in range(len(header))]
-    lines = [
-        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
-        for row in cells
-    ]
-    return "\n".join(lines)
 
 
 def run_place(arguments: argparse.Namespace) -> int:

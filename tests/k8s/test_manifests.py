@@ -7,7 +7,8 @@ kubernetes-validate ships; OmsCluster resources against the CRD's own schema. Th
 what the design asks of the deployment: each group's replicas in a StatefulSet with
 a budget that keeps a leader and a follower, probes on the gRPC health service and
 resource requests on every mesh container, a user-shard pod holding its shard, its
-persister, its bridge and its reconciler, and every name a pod refers to present.
+persister, its bridge and its reconciler, the market-data service following every
+matcher group, and every name a pod refers to present.
 And transport security: every gRPC probe on the container's plaintext health-only
 port (`OMS_HEALTH_LISTEN`: Kubernetes probes speak no TLS), every container of the
 mesh with its own certificate's Secret mounted and named by `OMS_TLS_*`, TLS on in
@@ -30,7 +31,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from services.clients.matcher_directory import MatcherDirectory
 from services.coordination.etcd_endpoints import channel_targets, parse_endpoints
+from services.market_data.settings import MarketDataSettings
+from services.markets.catalog import load_catalog
+from services.settings import load_settings
 from services.transport.grpc_runtime import MESH_GRPC_EXPERIMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +49,8 @@ TLS_DIR = "/etc/oms/tls"
 TLS_FILES = {"OMS_TLS_CA": "ca.crt", "OMS_TLS_CERT": "tls.crt", "OMS_TLS_KEY": "tls.key"}
 PUBLIC_TLS_DIR = "/etc/oms/public-tls"
 PUBLIC_TLS_FILES = {"OMS_GATEWAY_TLS_CERT": "tls.crt", "OMS_GATEWAY_TLS_KEY": "tls.key"}
+# The services clients reach: the public port's certificate (the gateway's) besides their own.
+PUBLIC_SERVICES = ("gateway", "marketdata")
 Manifest = dict[str, Any]
 
 
@@ -296,7 +303,7 @@ def test_every_mesh_container_mounts_its_own_certificate(kustomization: str) -> 
                 assert env.get(variable) == f"{TLS_DIR}/{file}", (container["name"], variable)
             pod_secrets.append(secret["secretName"])
             seen[container["name"]] = secret["secretName"]
-            if container["name"] == "gateway":
+            if container["name"] in PUBLIC_SERVICES:
                 public = secret_mounted_at(workload, container, PUBLIC_TLS_DIR)
                 assert public == {"secretName": "oms-gateway-public-tls", "optional": True}
                 for variable, file in PUBLIC_TLS_FILES.items():
@@ -365,6 +372,57 @@ def test_the_mesh_runs_with_the_grpc_experiments_oms_chooses() -> None:
     assert mesh["data"]["GRPC_EXPERIMENTS"] == MESH_GRPC_EXPERIMENTS
 
 
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_the_market_data_service_follows_every_matcher_group_and_reads_a_persister(
+    kustomization: str,
+) -> None:
+    """`oms marketdata` as the manifests run it: its settings (the shared ConfigMap's,
+    then its own) load as the service loads them; it follows every matcher group the
+    catalog uses and the manifests run, each found in etcd; it reads through the
+    persister of a cluster the manifests run (its leader in etcd); and its Service
+    reaches the port it listens on."""
+    objects = rendered(kustomization)
+    (deployment,) = [
+        d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "marketdata"
+    ]
+    (container,) = containers(deployment)
+    assert container["args"][:2] == ["marketdata", "--listen"]
+    listen = container["args"][2]
+    (mesh,) = [m for m in of_kind(objects, "ConfigMap") if m["metadata"]["name"] == "oms-mesh"]
+    sources = [s.get("configMapRef", {}).get("name") for s in container["envFrom"]]
+    assert sources == ["oms-mesh"], sources
+    own = {name: value for name, value in env_values(container).items() if value is not None}
+    settings = load_settings(MarketDataSettings, environ={**mesh["data"], **own})
+    assert settings.public is True
+    matcher_sets = {
+        s["metadata"]["name"].removeprefix("matcher-")
+        for s in of_kind(objects, "StatefulSet")
+        if s["metadata"]["name"].startswith("matcher-")
+    }
+    directory = MatcherDirectory.parse(settings.matchers, load_catalog())  # every group named
+    assert dict(directory.addresses) == {group: "etcd" for group in matcher_sets}
+    assert settings.etcd_endpoints and settings.mesh_id == mesh["data"]["OMS_MESH_ID"]
+    clusters = {
+        m["data"]["OMS_SHARD_ID"]
+        for m in of_kind(objects, "ConfigMap")
+        if "OMS_SHARD_ID" in m.get("data", {})
+    }
+    assert settings.persister == "etcd" and settings.persister_shard in clusters, clusters
+    # The Service: its selector picks the pods, its port is the one the service listens on.
+    (service,) = [s for s in of_kind(objects, "Service") if s["metadata"]["name"] == "marketdata"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    (port,) = service["spec"]["ports"]
+    declared = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert declared[port["targetPort"]] == port_of(listen) == port["port"]
+    budgets = [
+        b
+        for b in of_kind(objects, "PodDisruptionBudget")
+        if b["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ]
+    assert len(budgets) == 1, budgets
+
+
 def test_the_colocated_overlay_runs_each_shard_replica_with_its_roles_in_one_process() -> None:
     """`overlays/colocated`: the shard pod is one container, `oms shard --colocate`, with
     every role's port, lease and the persister's secrets; the rest is the base's."""
@@ -400,7 +458,7 @@ def _containers_of(kustomization: str) -> tuple[str, ...]:
     """The mesh's containers by name: the shard's roles are its own containers unless
     the shard pod is one process."""
     roles = ("persister", "bridge", "reconciler") if kustomization in PROCESS_PER_SERVICE else ()
-    return ("gateway", "matcher", "shard", *roles, "operator")
+    return ("gateway", "marketdata", "matcher", "shard", *roles, "operator")
 
 
 def _etcd_command(kustomization: str) -> list[str]:
