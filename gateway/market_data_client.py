@@ -234,12 +234,15 @@ class MarketDataClient:
             yield book
 
     def trades(
-        self, symbol: str, from_trade_sequence: int = 0
+        self, symbol: str, from_trade_sequence: int = 0, *, recent: int = 0
     ) -> AsyncIterator[market_data_pb2.MarketTrades]:
-        """`StreamTrades`: the trades after `from_trade_sequence` still held, then live."""
+        """`StreamTrades`: the held trades after `from_trade_sequence` (or, with 0, the
+        newest `recent` held), then the live ones."""
         return self._stream(
             "StreamTrades",
-            M.StreamTradesRequest(symbol=symbol, from_trade_sequence=from_trade_sequence),
+            M.StreamTradesRequest(
+                symbol=symbol, from_trade_sequence=from_trade_sequence, recent=recent
+            ),
             M.MarketTrades,
         )
 

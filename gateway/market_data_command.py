@@ -455,10 +455,6 @@ def run_trades(arguments: argparse.Namespace) -> int:
         newest = book.trade_sequence
         recent = arguments.from_sequence is None
         after = max(0, newest - arguments.limit) if recent else arguments.from_sequence
-        # StreamTrades resumes after a trade, and after 0 means new trades only: a
-        # symbol's first trade cannot be asked for again.
-        first_hidden = after == 0 and newest > 0
-        after = max(after, 1) if newest else after
         tail = TradeTail(
             client,
             symbol,
@@ -468,10 +464,7 @@ def run_trades(arguments: argparse.Namespace) -> int:
             follow=arguments.follow,
             recent=recent,
         )
-        tail.first_hidden = first_hidden
         await tail.run()
-        if tail.first_hidden and not tail.printed:
-            note(FIRST_HIDDEN.format(symbol=symbol))
         if not tail.printed and not arguments.follow:
             say(
                 "no trades yet"
@@ -488,7 +481,6 @@ def note(text: str) -> None:
     print(f"{COMMAND}: {text}", file=sys.stderr, flush=True)
 
 
-FIRST_HIDDEN = "trade 1 of {symbol} is not shown (the stream resumes after a trade)"
 # The service's words when it no longer holds the trades asked for (market_data.proto:
 # OUT_OF_RANGE "with the oldest it holds").
 OLDEST_HELD = re.compile(r"oldest held is (\d+)")
@@ -520,13 +512,8 @@ class TradeTail:
         self.follow = follow
         self.recent = recent
         self.printed = 0
-        self.first_hidden = False  # trade 1 held but not asked for: say so beside trade 2
 
     def show(self, trade: market_data_pb2.MarketTrade) -> None:
-        if self.printed == 0 and self.first_hidden:
-            self.first_hidden = False
-            if trade.trade_sequence == 2:
-                note(FIRST_HIDDEN.format(symbol=self.symbol))
         if self.printed == 0 and not self.follow:
             say(self.columns.header())
         say(self.columns.line(trade))
@@ -538,7 +525,9 @@ class TradeTail:
             say(self.columns.header())  # at once: the trades may be a while coming
         patience = Patience()
         while self.follow or self.last < self.newest:
-            stream = self.client.trades(self.symbol, from_trade_sequence=self.last)
+            # After nothing (0): every held trade up to the newest asked for, trade 1 too.
+            recent = self.newest if self.last == 0 else 0
+            stream = self.client.trades(self.symbol, from_trade_sequence=self.last, recent=recent)
             try:
                 async for message in _within(
                     stream, None if self.follow else CATCH_UP_S, self.newest
@@ -558,7 +547,6 @@ class TradeTail:
                     continue
                 if error.code == grpc.StatusCode.OUT_OF_RANGE and self.recent:
                     self.recent = False  # once: a second refusal is the service's answer
-                    self.first_hidden = False
                     found = OLDEST_HELD.search(error.detail)
                     oldest = int(found.group(1)) if found else self.newest + 1
                     if oldest - 1 > self.last:

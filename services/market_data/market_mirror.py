@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 
 from protos.oms.v1 import market_data_pb2, matcher_pb2
 from services.market_data.book_mirror import UNKNOWN, FeedGapError, MirroredBook
@@ -251,10 +252,11 @@ class MarketMirror:
         return market_data_pb2.OrderBookEvent(book=view.order_book()).SerializeToString()
 
     def join_trades(
-        self, symbol: str, after_sequence: int, subscriber: Subscriber
+        self, symbol: str, after_sequence: int, subscriber: Subscriber, recent: int = 0
     ) -> list[market_data_pb2.MarketTrade] | None:
-        """Register a trade stream; the held trades after `after_sequence` to send first
-        (none for 0), or None when some are no longer held (nothing registered)."""
+        """Register a trade stream; the held trades to send first: those after
+        `after_sequence`, or with 0 the newest `recent` held; None when some of those
+        after `after_sequence` are no longer held (nothing registered)."""
         market = self.symbols[symbol]
         backlog: list[market_data_pb2.MarketTrade] = []
         if after_sequence:
@@ -262,6 +264,9 @@ class MarketMirror:
             if found is None:
                 return None
             backlog = found
+        elif recent:
+            held = market.trades
+            backlog = list(islice(held, max(0, len(held) - recent), None))
         market.trade_streams.add(subscriber)
         return backlog
 

@@ -241,7 +241,9 @@ class MarketDataService:
         mirror = self.mirror
         subscriber = Subscriber(context.peer(), self.settings.queue_messages, Overflow.END)
         with self._stream_slot(subscriber.peer):
-            backlog = mirror.join_trades(symbol, request.from_trade_sequence, subscriber)
+            backlog = mirror.join_trades(
+                symbol, request.from_trade_sequence, subscriber, request.recent
+            )
             if backlog is None:
                 held = mirror.symbols[symbol].trades
                 oldest = (
