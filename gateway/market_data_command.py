@@ -61,8 +61,9 @@ from services.clients.call_failures import WORDS, failure_words
 from services.mesh.local_mesh import LocalMesh, state_dir_of
 from services.settings import SettingsError, load_settings
 
+ADDRESS_ENV = "OMS_MARKETDATA_ADDRESS"  # ClientSettings.market_data_address
+
 T = TypeVar("T")
-ADDRESS_ENV = "OMS_MARKETDATA_ADDRESS"
 COMMAND = "oms client"
 INTERVALS = {
     "1m": (market_data_pb2.CANDLE_INTERVAL_1M, 60_000),
@@ -182,11 +183,11 @@ class MarketDataTarget:
 def market_data_target(arguments: argparse.Namespace) -> MarketDataTarget:
     """The flags, else OMS_MARKETDATA_ADDRESS, else the local mesh's (adopting its TLS)."""
     key, secret, private_key = _key(arguments)
-    named = arguments.market_data or os.environ.get(ADDRESS_ENV, "")
+    named = arguments.market_data or load_settings(ClientSettings).market_data_address
     if named:
         hint = "is the address right (--market-data, OMS_MARKETDATA_ADDRESS)?"
         return MarketDataTarget(named, hint, key, secret, private_key)
-    if arguments.gateway or os.environ.get("OMS_GATEWAY_ADDRESS"):
+    if arguments.gateway or "OMS_GATEWAY_ADDRESS" in os.environ:
         # A named gateway is another mesh than the folder's: its market data is named too.
         raise SettingsError(
             "a gateway is named (--gateway, OMS_GATEWAY_ADDRESS): name its mesh's"

@@ -24,7 +24,7 @@ from typing import Any
 
 from gateway.market_data_client import LevelRow
 from protos.oms.v1 import common_pb2, market_data_pb2
-from services.mesh.demo import ASSET_DECIMALS
+from services.markets.asset_decimals import ASSET_DECIMALS
 
 # More decimals than any asset's minor unit needs: a step that never terminates (a lot
 # size of 3, say) is shown to this many places rather than forever.

@@ -165,6 +165,12 @@ class ClientSettings:
     gateway_address: str = setting(
         env="OMS_GATEWAY_ADDRESS", default="127.0.0.1:7000", help="host:port of the gateway"
     )
+    market_data_address: str = setting(
+        env="OMS_MARKETDATA_ADDRESS",
+        default="",
+        help="host:port of the market-data service (the market-data commands); empty: the"
+        " local mesh's, from its state folder",
+    )
     user_id: int = setting(env="OMS_USER_ID", default=0, help="the account the key belongs to")
     api_key: str = setting(
         env="OMS_API_KEY", default="", help="the API key id that signs each call"

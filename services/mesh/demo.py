@@ -21,6 +21,7 @@ from typing import Any
 from gateway.client import AdminClient, GatewayCallError, OmsClient
 from protos.oms.v1 import common_pb2, gateway_pb2, shard_pb2
 from services.infra.settings import DEFAULT_STATE_DIR
+from services.markets.asset_decimals import ASSET_DECIMALS
 from services.mesh.mesh_record import MeshRecord, read_mesh_record
 from services.mesh.readiness import NotServingError, wait_until_serving
 from services.mesh.status_targets import targets_of_record
@@ -29,8 +30,6 @@ from services.transport.development import adopt_mesh_transports
 SYMBOL = "BTC-USDT"
 PRICE_TICKS = 6_500_000  # 65,000.00 USDT per BTC (a tick is 0.01 USDT per BTC)
 LOT_BTC = "0.0001"
-# Display only: the system keeps integers in each asset's minor unit.
-ASSET_DECIMALS = {"BTC": 8, "ETH": 8, "SOL": 9, "USDT": 6}
 UPDATE_TIMEOUT_S = 15.0
 # A mesh `oms up` has just started may take this long to serve (a shard replaying its
 # log, followers catching up on a loaded machine): the demo waits rather than fail.
