@@ -48,6 +48,12 @@ TARGETS: dict[str, tuple[str, str]] = {
         "the callers' longest wait while each replica of a shard and of a matcher group is "
         "rolled to the next build, and at the switch to its state-machine version",
     ),
+    "marketdata": (
+        "services.bench.market_data_bench",
+        "the market-data service under N subscribers at a steady order rate: matcher log"
+        " entry to receipt p50/p99, the matchers' CPU per order with and without subscribers,"
+        " the service's CPU per delivered message and memory per subscriber",
+    ),
 }
 
 
