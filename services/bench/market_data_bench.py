@@ -931,44 +931,47 @@ def _report(
 
 
 def _saturation_lines(results: Sequence[PhaseResult]) -> list[str]:
-    """Subscribers at which the cores would be full: linear in N from one phase."""
+    """Subscribers at which the cores would be full, an estimate linear in N from each
+    phase with subscribers: the cores the mesh used at the rate without subscribers, plus
+    N x (messages per subscriber per second) x (the service's CPU per message beyond its
+    CPU without subscribers)."""
     with_subscribers = [r for r in results if r.subscribers and r.received.delivered]
     if not with_subscribers:
         return []
-    kept_up = [r for r in with_subscribers if not r.slow_consumers]
-    reference = (
-        max(kept_up, key=lambda r: r.subscribers)
-        if kept_up
-        else min(with_subscribers, key=lambda r: r.subscribers)
-    )
     baseline = results[0]
     cores = os.cpu_count() or 1
     seconds = max(baseline.seconds, 1e-9)
     service_idle = baseline.service_cpu_seconds / seconds  # cores, without subscribers
     others = baseline.other_cpu_seconds / seconds  # the rest of the mesh
     load = baseline.load_cpu_seconds / seconds  # the bench placing the orders
-    per_subscriber = reference.messages_per_subscriber_s
-    service_s = reference.service_added_us(baseline) / 1e6
-    client_s = reference.per_message_us(reference.subscriber_cpu_seconds) / 1e6
 
-    def subscribers(free_cores: float, seconds_per_message: float) -> str:
+    def subscribers(free_cores: float, per_subscriber: float, seconds_per_message: float) -> str:
         if free_cores <= 0 or not seconds_per_message > 0 or not per_subscriber > 0:
             return "none"
         return f"{free_cores / (per_subscriber * seconds_per_message):,.0f}"
 
-    return [
-        f"\nsaturation, an estimate from the phase with {reference.subscribers:,} subscribers"
-        f" ({per_subscriber:.1f} messages/s each, {service_s * 1e6:.1f} µs of the service"
-        f" per message beyond its CPU without subscribers), linear in the subscribers, on"
-        f" {cores} cores:",
-        f"  beside the mesh at {baseline.acked / seconds:,.0f} orders/s"
-        f" ({100 * (others + service_idle):.0f}% of a core without subscribers): the cores are"
-        f" full at about {subscribers(cores - others - service_idle, service_s)} subscribers",
-        f"  with the bench's orders and the subscribers' own clients on the same cores, as"
-        f" here ({client_s * 1e6:.1f} µs per message): about"
-        f" {subscribers(cores - others - service_idle - load, service_s + client_s)}",
-        f"  the service alone on the cores: about {subscribers(cores - service_idle, service_s)}",
+    lines = [
+        f"\nsaturation of the {cores} cores, an estimate (linear in the subscribers) from each"
+        f" phase; the mesh without subscribers at {baseline.acked / seconds:,.0f} orders/s used"
+        f" {100 * (others + service_idle):.0f}% of a core, the bench's orders"
+        f" {100 * load:.0f}%. A subscriber's messages per second fall as the load rises"
+        " (more matcher updates per diff): the lightest phase gives the safest figure.",
+        f"{'subs':>7}{'msgs/s/sub':>12}{'+svc µs':>9}{'cli µs':>8}"
+        f"{'beside the mesh':>17}{'and clients, as here':>22}{'service alone':>15}",
     ]
+    for result in with_subscribers:
+        per_subscriber = result.messages_per_subscriber_s
+        service_s = result.service_added_us(baseline) / 1e6
+        client_s = result.per_message_us(result.subscriber_cpu_seconds) / 1e6
+        free = cores - others - service_idle
+        beside = subscribers(free, per_subscriber, service_s)
+        as_here = subscribers(free - load, per_subscriber, service_s + client_s)
+        alone = subscribers(cores - service_idle, per_subscriber, service_s)
+        lines.append(
+            f"{result.subscribers:>7,}{per_subscriber:>12.1f}{service_s * 1e6:>9.1f}"
+            f"{client_s * 1e6:>8.1f}{beside:>17}{as_here:>22}{alone:>15}"
+        )
+    return lines
 
 
 def _goal_lines(results: Sequence[PhaseResult]) -> list[str]:

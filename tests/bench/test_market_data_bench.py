@@ -141,7 +141,10 @@ def test_a_tiny_run_prints_its_table_and_leaves_nothing_behind(
 
     slow = [line for line in lines if line.startswith(f"  {SUBSCRIBERS} subscribers: ")]
     assert len(slow) == 1 and " 0 broken chains" in slow[0], lines
-    assert any(line.startswith("saturation, an estimate from the phase with ") for line in lines)
+    # The saturation estimate: a row for the phase with subscribers.
+    estimate = next(i for i, line in enumerate(lines) if line.startswith("saturation of the "))
+    assert lines[estimate + 1].split()[:4] == ["subs", "msgs/s/sub", "+svc", "µs"]
+    assert lines[estimate + 2].split()[0] == str(SUBSCRIBERS), lines[estimate:]
     goals = lines[lines.index("goals (the figure, then the goal):") + 1 :]
     assert goals[0] == "  p99 delay with 100 subscribers: no such phase"
     assert goals[1].startswith(f"  service CPU per delivered message with {SUBSCRIBERS} subscr")
