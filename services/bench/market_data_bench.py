@@ -211,6 +211,9 @@ class PhaseResult:
     service_rss_before_join: int
     service_rss_joined: int
     service_counters: dict[str, int]  # its status counters' change over the window
+    # Messages waiting in its streams' queues once the orders stopped: how far behind the
+    # service's own writers were (a backlog elsewhere is in gRPC and the subscribers).
+    service_queued_at_end: int
     received: Tally  # what the subscribers counted over the window
 
     def feed_counter(self, name: str) -> int:
@@ -778,11 +781,11 @@ class Phases:
             )
             subscribers.say(STOP)
             cpu_after = mesh.service_cpu_seconds()
+            counters_after = await _service_counters(market_data)
             load_used = time.process_time() - load_before
             service_rss = _service_rss(mesh)
             tallies = await subscribers.tallies()
             subscriber_cpu = subscribers.cpu_seconds() - subscriber_cpu_before
-            counters_after = await _service_counters(market_data)
         finally:
             await subscribers.close()
         received = Tally()
@@ -806,6 +809,7 @@ class Phases:
             service_counters={
                 name: value - counters_before.get(name, 0) for name, value in counters_after.items()
             },
+            service_queued_at_end=counters_after.get("queued_messages", 0),
             received=received,
         )
 
@@ -918,7 +922,8 @@ def _report(
             f" {received.ended:,} trade streams ended at the subscribers; the service counted"
             f" {result.feed_counter('resyncs'):,} resyncs and"
             f" {result.feed_counter('streams_ended_behind'):,} ended,"
-            f" {result.feed_counter('messages_offered'):,} messages offered,"
+            f" {result.feed_counter('messages_offered'):,} messages offered and"
+            f" {result.service_queued_at_end:,} queued in it at the end,"
             f" {received.broken_chains:,} broken chains"
             + (f"; stream errors: {dict(received.stream_errors)}" if received.stream_errors else "")
             + _refusals(result.refused)
