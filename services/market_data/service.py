@@ -76,6 +76,13 @@ class MarketDataService:
         self.settings = settings
         self.catalog = catalog
         self.markets = catalog.by_symbol()
+        # A symbol's 24 hours end at its matcher group's newest consensus time (the
+        # ticker's contract), not at its own last update: a quiet symbol beside a busy
+        # one must not keep showing trades older than a day.
+        self.group_symbols = {
+            symbol: tuple(other.symbol for other in catalog.group(market.matcher_group))
+            for symbol, market in self.markets.items()
+        }
         self.mirror = MarketMirror(sorted(self.markets), settings.retained_trades)
         directory = MatcherDirectory.parse(settings.matchers, catalog)
         sources = directory.sources(settings.etcd_endpoints, settings.mesh_id)
@@ -170,6 +177,11 @@ class MarketDataService:
                 grpc.StatusCode.UNAVAILABLE,
                 f"the book of {symbol} is not read from its matcher group yet",
             )
+
+    def _as_of(self, symbol: str) -> int:
+        """The newest consensus time seen from the symbol's matcher group (0: none yet)."""
+        seen = self.mirror.as_of_ms
+        return max(seen.get(other, 0) for other in self.group_symbols[symbol])
 
     def _count_refusal(self, method: str) -> None:
         self.refused[method] = self.refused.get(method, 0) + 1
@@ -285,7 +297,7 @@ class MarketDataService:
             ticker = answer.tickers.add(symbol=symbol, status=book.status)
             if book.status == UNKNOWN:
                 continue
-            as_of = self.mirror.as_of_ms.get(symbol, 0)
+            as_of = self._as_of(symbol)
             day = market.day.figures(as_of)
             bid, ask = book.bids.top(), book.asks.top()
             ticker.last_price_ticks = book.last_price_ticks
@@ -352,7 +364,7 @@ class MarketDataService:
                     market.day.seeded = True
                     pending.discard(symbol)
                     continue
-                as_of = self.mirror.as_of_ms.get(symbol, 0)
+                as_of = self._as_of(symbol)
                 query = persister_pb2.CandleQuery(
                     symbol=symbol,
                     interval_ms=MINUTE_MS,

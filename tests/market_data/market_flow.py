@@ -19,7 +19,7 @@ import asyncpg
 import grpc
 
 from gateway.client import AdminClient, GatewayCallError, LocalBook, MarketDataClient, OmsClient
-from protos.oms.v1 import common_pb2, market_data_pb2, matcher_pb2, matcher_pb2_grpc
+from protos.oms.v1 import common_pb2, gateway_pb2, market_data_pb2, matcher_pb2, matcher_pb2_grpc
 from tests.bridge.bridge_process import service_status
 from tests.gateway.accounts import Account, open_account
 from tests.service_process import aio_channel
@@ -41,6 +41,8 @@ SOL_FUNDS = 1_000_000_000_000  # 1,000 SOL in lamports
 DEPOSITS = {"USDT": USDT_FUNDS, "BTC": BTC_FUNDS, "ETH": ETH_FUNDS, "SOL": SOL_FUNDS}
 MAX_FEE_PPM = 2_000
 C = common_pb2
+# Refusals a client retries with the same request (gateway.proto: UNAVAILABLE, TIMEOUT).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 async def until(
@@ -132,10 +134,25 @@ async def place_flow(
     for index, order in enumerate(flow):
         client = clients[order.trader % len(clients)]
         request = order_request(client, f"{tag}-{index}", symbol, base_price, order)
-        ack = await client.place_order(request)
+        ack = await place_retrying(client, request)
         if ack.accepted:
             placed.append(PlacedOrder(client, ack.order_id))
     return placed
+
+
+async def place_retrying(
+    client: OmsClient, request: gateway_pb2.PlaceOrderRequest, timeout_s: float = WAIT_S
+) -> gateway_pb2.OrderAck:
+    """PlaceOrder, resent with the same client order id while the gateway is UNAVAILABLE
+    or slow, as the contract says a client does (a loaded machine can starve it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await client.place_order(request)
+        except GatewayCallError as error:
+            if error.code not in RETRYABLE or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(POLL_S)
 
 
 async def settle(placed: Sequence[PlacedOrder], timeout_s: float = WAIT_S) -> None:
@@ -149,8 +166,9 @@ async def settle(placed: Sequence[PlacedOrder], timeout_s: float = WAIT_S) -> No
             try:
                 view = await order.client.get_order(order_id=order.order_id)
             except GatewayCallError as error:
-                # A closed order is read from the persister's row, written a moment later.
-                if error.code != grpc.StatusCode.NOT_FOUND:
+                # A closed order is read from the persister's row, written a moment later;
+                # a starved gateway answers later.
+                if error.code != grpc.StatusCode.NOT_FOUND and error.code not in RETRYABLE:
                     raise
                 still.append(order)
                 continue
