@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 import pytest
@@ -188,6 +188,46 @@ async def test_instruments_list_the_catalog(market_mesh: MarketMesh) -> None:
             rules.maker_fee_ppm,
             rules.taker_fee_ppm,
         )
+
+
+async def refusal_of(call: Awaitable[object]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(GatewayCallError) as refused:
+        await call
+    return refused.value.code, refused.value.detail
+
+
+async def test_bad_requests_are_refused(market_mesh: MarketMesh) -> None:
+    invalid, not_found = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+    async with MarketDataClient(market_mesh.market_data.address) as market:
+        refusals: dict[str, tuple[Callable[[], Awaitable[object]], grpc.StatusCode]] = {
+            "book of an unknown symbol": (lambda: market.order_book("DOGE-USDT"), not_found),
+            "book too deep": (lambda: market.order_book(BTC, 5_001), invalid),
+            "stream of an unknown symbol": (
+                lambda: next_message(market.book_events("DOGE-USDT", 0)),
+                not_found,
+            ),
+            "stream depth not offered": (
+                lambda: next_message(market.book_events(BTC, 3)),
+                invalid,
+            ),
+            "trades of an unknown symbol": (
+                lambda: next_message(market.trades("DOGE-USDT", 0)),
+                not_found,
+            ),
+            "ticker of an unknown symbol": (
+                lambda: market.tickers([BTC, "DOGE-USDT"]),
+                not_found,
+            ),
+            "candles without interval": (lambda: market.candles(BTC, 0), invalid),
+            "too many candles": (lambda: market.candles(BTC, limit=1_001), invalid),
+            "candles ending before they start": (
+                lambda: market.candles(BTC, from_ms=2_000, to_ms=1_000),
+                invalid,
+            ),
+        }
+        for what, (call, code) in refusals.items():
+            refused, detail = await refusal_of(call())
+            assert refused == code, f"{what}: {refused.name} {detail}"
 
 
 flow_orders = st.builds(
@@ -640,6 +680,15 @@ async def test_a_restarted_service_shows_the_same_books_and_its_day_from_the_fil
                 fills = await day_fills(mesh.database_url, symbol, snapshot.trade_sequence)
                 assert_ticker_is_the_book_and_the_fills(ticker, snapshot, fills)
 
+            # Trades before the start are not held: a resume from before them is refused
+            # (they are read from the fills), one from the newest goes on.
+            btc = await matcher_book(matcher_address(market_mesh, BTC), BTC)
+            assert btc.trade_sequence >= 2
+            refused, detail = await refusal_of(next_message(market.trades(BTC, 1)))
+            assert refused == grpc.StatusCode.OUT_OF_RANGE, detail
+            assert f"the oldest held is {btc.trade_sequence + 1}" in detail
+            resumed = TradeWatch(BTC, from_trade_sequence=btc.trade_sequence).start(market)
+
             # A trade after the start adds to the day read from the fills, counted once.
             placed = await place_flow(
                 clients, crossing_pairs(1), symbol=BTC, base_price=BTC_PRICE, tag=next_tag("post")
@@ -649,3 +698,10 @@ async def test_a_restarted_service_shows_the_same_books_and_its_day_from_the_fil
             fills = await day_fills(mesh.database_url, BTC, snapshot.trade_sequence)
             ticker = await ticker_at(market, BTC, snapshot)
             assert_ticker_is_the_book_and_the_fills(ticker, snapshot, fills)
+            try:
+                await resumed.through(snapshot.trade_sequence, after=btc.trade_sequence)
+                assert [trade.trade_sequence for trade in resumed.trades] == list(
+                    range(btc.trade_sequence + 1, snapshot.trade_sequence + 1)
+                )
+            finally:
+                await resumed.close()
