@@ -75,6 +75,7 @@ class Tally:
 
     counting: bool = False
     diffs: int = 0  # OrderBookDiff messages
+    book_updates: int = 0  # the matcher's book updates those diffs carried (sequences)
     trade_messages: int = 0  # MarketTrades messages
     trades: int = 0  # trades in them
     resync_books: int = 0  # whole books after a stream's first: the service resynchronised
@@ -87,6 +88,12 @@ class Tally:
         self.delays[round((received_ns / 1e6 - consensus_time_ms) / BIN_MS)] += 1
 
     @property
+    def updates(self) -> int:
+        """The matcher's updates delivered: book updates (a diff may carry several, and a
+        depth skips those below it) and trades."""
+        return self.book_updates + self.trades
+
+    @property
     def delivered(self) -> int:
         """Every message the subscribers counted: the service sent each of them."""
         return self.diffs + self.trade_messages + self.resync_books
@@ -94,6 +101,7 @@ class Tally:
     def add(self, other: Tally) -> None:
         """Add another process's tally to this one."""
         self.diffs += other.diffs
+        self.book_updates += other.book_updates
         self.trade_messages += other.trade_messages
         self.trades += other.trades
         self.resync_books += other.resync_books
@@ -107,6 +115,7 @@ class Tally:
         fields = json.loads(text)
         return cls(
             diffs=int(fields["diffs"]),
+            book_updates=int(fields.get("book_updates", 0)),
             trade_messages=int(fields["trade_messages"]),
             trades=int(fields["trades"]),
             resync_books=int(fields["resync_books"]),
@@ -120,6 +129,7 @@ class Tally:
         return json.dumps(
             {
                 "diffs": self.diffs,
+                "book_updates": self.book_updates,
                 "trade_messages": self.trade_messages,
                 "trades": self.trades,
                 "resync_books": self.resync_books,
@@ -158,6 +168,7 @@ class Subscriber:
                         sequence = diff.book_sequence
                         if tally.counting:
                             tally.diffs += 1
+                            tally.book_updates += diff.book_sequence - diff.previous_book_sequence
                             tally.delay(received_ns, diff.consensus_time_ms)
                         continue
                     sequence = event.book.book_sequence

@@ -36,6 +36,7 @@ COLUMNS = [
     "match µs",
     "svc µs",
     "+svc µs",
+    "µs/upd",
     "svc %",
     "RSS MiB",
     "KiB/sub",
