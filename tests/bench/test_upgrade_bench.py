@@ -62,7 +62,8 @@ def test_a_matcher_group_rolled_to_the_next_release_and_switched(
     seconds = r"\d+\.\d\d"
     pattern = (
         rf"matcher {group} +({seconds}) ({seconds}) ({seconds})L +{seconds} +{seconds}"
-        rf"  v1 -> v{MATCHER_VERSION}: {seconds} s"
+        # A new matcher group starts at this build's newest version, one below the next.
+        rf"  v{MATCHER_VERSION - 1} -> v{MATCHER_VERSION}: {seconds} s"
     )
     assert [line for line in lines if re.fullmatch(pattern, line)], lines
     prefix = GroupKeys.of(failover_bench.BENCH_MESH_ID, "matcher", group).prefix
