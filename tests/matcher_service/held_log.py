@@ -96,6 +96,23 @@ def serve(host: RuntimeHost[MatcherEgress]) -> tuple[asyncio.Task[None], list[Ma
     return asyncio.create_task(host.run(plan)), servicers
 
 
+async def serving_at_newest_version(host: RuntimeHost[MatcherEgress]) -> None:
+    """Until the host serves and its new log's VERSION entry (the first writer switches an
+    empty log to the newest version) is durable: a test that then holds records holds its
+    own, never that one."""
+    async with asyncio.timeout(30):
+        await host.ready.wait()
+    machine = host.node.replica.machine
+    newest = max(machine.implemented_versions)
+    await wait_until(
+        lambda: (
+            machine.version == newest
+            and host.node.sequencer.durable_position == host.node.replica.applied_position
+        ),
+        timeout_s=30,
+    )
+
+
 async def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
     """Poll `condition` until it holds; fail after `timeout_s` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout_s

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from protos.oms.v1 import matcher_pb2
 from tests.matcher_service.event_replay import kind
-from tests.matcher_service.held_log import held_host, serve, stop_host, wait_until
+from tests.matcher_service.held_log import (
+    held_host,
+    serve,
+    serving_at_newest_version,
+    stop_host,
+    wait_until,
+)
 from tests.matcher_service.matcher_client import READ_TIMEOUT_S, MatcherClient
 from tests.matcher_service.matcher_messages import (
     BTC,
@@ -33,8 +39,7 @@ async def test_subscribe_never_delivers_an_event_whose_record_is_not_durable(
     host, log = held_host(tmp_path)
     serving, _ = serve(host)
     try:
-        async with asyncio.timeout(30):
-            await host.ready.wait()
+        await serving_at_newest_version(host)
         orders = OrderFactory("boundary")
         durable = orders.limit(1, BUY, REFERENCE - 1, 1)
         held = orders.limit(1, BUY, REFERENCE - 2, 1)
@@ -71,8 +76,7 @@ async def test_a_query_waits_until_the_record_it_would_see_is_durable(tmp_path: 
     host, log = held_host(tmp_path)
     serving, _ = serve(host)
     try:
-        async with asyncio.timeout(30):
-            await host.ready.wait()
+        await serving_at_newest_version(host)
         orders = OrderFactory("boundary")
         held = orders.limit(1, BUY, REFERENCE - 2, 3)
         async with aio_channel(f"127.0.0.1:{host.bound_port}") as channel:

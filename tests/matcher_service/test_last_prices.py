@@ -9,7 +9,13 @@ from pathlib import Path
 import grpc
 
 from protos.oms.v1 import matcher_pb2
-from tests.matcher_service.held_log import held_host, serve, stop_host, wait_until
+from tests.matcher_service.held_log import (
+    held_host,
+    serve,
+    serving_at_newest_version,
+    stop_host,
+    wait_until,
+)
 from tests.matcher_service.matcher_client import READ_TIMEOUT_S, MatcherClient
 from tests.matcher_service.matcher_messages import (
     BTC,
@@ -77,8 +83,7 @@ async def test_a_price_is_streamed_only_once_its_trade_is_durable(tmp_path: Path
     host, log = held_host(tmp_path)
     serving, _ = serve(host)
     try:
-        async with asyncio.timeout(30):
-            await host.ready.wait()
+        await serving_at_newest_version(host)
         orders = OrderFactory("held")
         async with aio_channel(f"127.0.0.1:{host.bound_port}") as channel:
             client = MatcherClient(channel)
