@@ -87,7 +87,8 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
             assert time.monotonic() < deadline, rows
         services = sorted({(r["service"], r["group"]) for r in rows})
         assert services == sorted(
-            [("gateway", ""), ("shard", "s1"), ("persister", "s1"), ("bridge", "s1")]
+            [("gateway", ""), ("marketdata", ""), ("shard", "s1"), ("persister", "s1")]
+            + [("bridge", "s1")]
             + [("reconciler", "s1")]
             + [("matcher", group) for group in record.matchers]
         )
