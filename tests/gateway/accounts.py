@@ -96,10 +96,18 @@ async def account_state(client: OmsClient) -> AccountState:
 async def eventually(
     probe: Callable[[], Awaitable[T]], check: Callable[[T], bool], *, timeout_s: float = WAIT_S
 ) -> T:
-    """Await `probe()` until `check` holds of its value; fail with the last value seen."""
+    """Await `probe()` until `check` holds of its value; fail with the last value seen.
+    A probe answered UNAVAILABLE is asked again, as the client contract says a client
+    does (a read that waits for a persister behind a busy machine's load, say)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        value = await probe()
+        try:
+            value = await probe()
+        except GatewayCallError as error:
+            if error.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(POLL_S)
+            continue
         if check(value):
             return value
         if time.monotonic() >= deadline:

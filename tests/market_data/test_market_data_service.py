@@ -63,6 +63,9 @@ ETH_PRICE = 350_000  # ETH-USDT's reference price; 3 lots clear its minimum noti
 SLOW_READER_OPTIONS = (("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0))
 tags = itertools.count(1)
 
+# The longest a slow stream's read-back may take (a bound instead of a hang).
+STREAM_WAIT_S = 120.0
+
 
 def next_tag(prefix: str) -> str:
     return f"{prefix}{next(tags)}"
@@ -361,11 +364,12 @@ async def test_a_slow_book_stream_resyncs_and_a_slow_trade_stream_ends_then_resu
         assert counters["feed_gaps"] == 0
 
         # The book: the diffs sent before it fell behind, a fresh book, then diffs.
-        async for event in book_events:
-            book.apply(event)  # BookOutOfSyncError if a diff did not chain
-            assert not book.crossed(), book
-            if book.book_sequence == settled.book_sequence:
-                break
+        async with asyncio.timeout(STREAM_WAIT_S):
+            async for event in book_events:
+                book.apply(event)  # BookOutOfSyncError if a diff did not chain
+                assert not book.crossed(), book
+                if book.book_sequence >= settled.book_sequence:
+                    break
         assert book.resyncs >= 1
         assert (book.levels(), book.status) == (snapshot_levels(settled), settled.status)
         more = await place_flow(
@@ -374,26 +378,29 @@ async def test_a_slow_book_stream_resyncs_and_a_slow_trade_stream_ends_then_resu
         await settle(more)
         after = await matcher_book(matcher, BTC)
         resyncs = book.resyncs
-        async for event in book_events:
-            assert event.HasField("diff"), "a diff after the fresh book, not another book"
-            book.apply(event)
-            if book.book_sequence == after.book_sequence:
-                break
+        async with asyncio.timeout(STREAM_WAIT_S):
+            async for event in book_events:
+                assert event.HasField("diff"), "a diff after the fresh book, not another book"
+                book.apply(event)
+                if book.book_sequence >= after.book_sequence:
+                    break
         assert book.resyncs == resyncs
         assert book.levels() == snapshot_levels(after)
 
         # The trades: those sent before it fell behind, then RESOURCE_EXHAUSTED.
         with pytest.raises(GatewayCallError) as ended:
-            async for message in trade_messages:
-                received.extend(message.trades)
+            async with asyncio.timeout(STREAM_WAIT_S):
+                async for message in trade_messages:
+                    received.extend(message.trades)
         assert ended.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, ended.value
         last = received[-1].trade_sequence
         assert last < settled.trade_sequence  # it did fall behind
         async with closing(market.trades(BTC, from_trade_sequence=last)) as resumed:
-            async for message in resumed:
-                received.extend(message.trades)
-                if received[-1].trade_sequence >= after.trade_sequence:
-                    break
+            async with asyncio.timeout(STREAM_WAIT_S):
+                async for message in resumed:
+                    received.extend(message.trades)
+                    if received[-1].trade_sequence >= after.trade_sequence:
+                        break
     sequences = [trade.trade_sequence for trade in received]
     assert sequences == list(range(before.trade_sequence + 1, after.trade_sequence + 1))
     fills = await until(
