@@ -180,6 +180,14 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             " refusals",
         ),
         (
+            "market feed",
+            f"{mesh.get('market_book_updates_checked', 0):,} book updates and"
+            f" {mesh.get('market_trades_checked', 0):,} public trades checked on every"
+            " matcher replica that applied them (sequences, trades against taker fills);"
+            f" {mesh.get('market_books_compared', 0):,} books kept from the feed compared"
+            " with the engine's",
+        ),
+        (
             "invariant checks",
             f"{mesh.get('conservation_checks', 0):,} cross-shard money"
             f" balances, {mesh.get('state_hashes_compared', 0):,} state"

@@ -47,9 +47,14 @@ OPERATOR_UNPINNED = "operator-unpinned"
 # the follower never catches up.
 FOLLOWER_RESUMES_WATCH = "follower-resumes-watch"
 
+# The matcher's book updates leave out the levels that went away (`total_lots == 0`):
+# a consumer's book keeps levels the engine no longer has, and soon looks crossed.
+FEED_OMITS_REMOVED_LEVELS = "feed-omits-removed-levels"
+
 DEFECTS: tuple[str, ...] = (
     ACK_BEFORE_APPEND,
     BRIDGE_FORGETS_IN_FLIGHT,
+    FEED_OMITS_REMOVED_LEVELS,
     FOLLOWER_RESUMES_WATCH,
     IGNORES_EGRESS_FLOOR,
     LANDS_BEFORE_LETTING_GO,

@@ -22,6 +22,8 @@ It does what `services/runtime/replicated_host.py` does, step by step:
   once it has failed for `APPEND_TIMEOUT_MS` (`EtcdLogStore`'s deadline); a
   follower reads again on its next tick; a process that cannot read the log at its
   start ends and is started again by its supervisor;
+- a matcher replica checks its market-data feed after every record it applies
+  (`feed_check.py`), starting again from its machine's feed at every restore;
 - every few records it writes a snapshot, and the leader truncates the log behind
   the oldest snapshot any live replica still keeps, then compacts etcd's history at
   most every `COMPACT_INTERVAL_MS`; a replica whose position was truncated installs a
@@ -31,12 +33,14 @@ It does what `services/runtime/replicated_host.py` does, step by step:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from protos.oms.v1 import matcher_pb2, shard_pb2
-from services.matcher.core.machine import MatcherMachine
+from services.matcher.core.machine import MatcherEgress, MatcherMachine
+from services.matcher.core.market_feed import BookUpdate
 from services.runtime.core.log_batch import (
     LogBatch,
     decode_batch_at,
@@ -52,6 +56,7 @@ from services.shard.core.errors import ShardInvariantError
 from services.shard.core.shard_machine import ShardMachine
 from simulation.core.defects import (
     ACK_BEFORE_APPEND,
+    FEED_OMITS_REMOVED_LEVELS,
     FOLLOWER_RESUMES_WATCH,
     IGNORES_EGRESS_FLOOR,
     TRUSTS_UNANSWERED_APPEND,
@@ -65,6 +70,7 @@ from simulation.core.etcd_model import (
     WatchBroken,
     WatchCompacted,
 )
+from simulation.core.feed_check import MarketFeedCheck
 from simulation.core.replica_disk import ReplicaDisk, SnapshotFile
 
 if TYPE_CHECKING:
@@ -92,12 +98,6 @@ _COMMAND = int(EntryKind.COMMAND)
 _TIMER = int(EntryKind.TIMER)
 _CHECKPOINT = int(EntryKind.CHECKPOINT)
 _VERSION = int(EntryKind.VERSION)
-
-# The matcher's version 2 adds the market-data feed, which the simulation's checks do not
-# read yet, and whose state changes every seed's trajectory (hashes, snapshot sizes) that
-# the fixed-seed tests were chosen on: simulated matcher groups run version 1 until the
-# feed's checks (no gap, no duplicate, no crossed book) and the re-chosen seeds land.
-MATCHER_VERSION_SIMULATED = 1
 
 
 class GroupReplica:
@@ -130,6 +130,9 @@ class GroupReplica:
 
     def encode_entry(self, commands: Sequence[Any]) -> bytes:
         raise NotImplementedError
+
+    def before_apply(self, batch: LogBatch) -> None:
+        """Just before a record is applied."""
 
     def after_apply(self, batch: LogBatch, outputs: list[Sequence[Any]], leading: bool) -> None:
         """Egress of an applied record (released by the leader only)."""
@@ -439,8 +442,6 @@ class GroupReplica:
             self.checkpoint_due = None
         machine = self.replica.machine
         newest = max(machine.implemented_versions)
-        if isinstance(machine, MatcherMachine):
-            newest = min(newest, MATCHER_VERSION_SIMULATED)
         if machine.version < newest:
             entries.append((_VERSION, encode_version(newest)))
         consensus_ms = max(self.replica.consensus_time_ms, self.clock_ms())
@@ -489,6 +490,7 @@ class GroupReplica:
     def _apply_record(self, data: bytes, leading: bool) -> None:
         batch, _ = decode_batch_at(data)
         before = self.replica.latest_hash
+        self.before_apply(batch)
         try:
             outputs = self.replica.apply_batch(batch)
             self.check_machine()
@@ -599,8 +601,40 @@ class ShardReplica(GroupReplica):
 class MatcherReplica(GroupReplica):
     kind = "matcher"
 
+    def __init__(self, world: SimWorld, group: str, index: int) -> None:
+        self.feed_check = MarketFeedCheck()
+        super().__init__(world, group, index)
+
     def new_machine(self) -> MatcherMachine:
         return MatcherMachine(self.world.engine_settings[self.group])
 
     def encode_entry(self, commands: Sequence[Any]) -> bytes:
         return matcher_pb2.MatcherCommandBatch(commands=commands).SerializeToString()
+
+    def restored(self) -> None:
+        # What this replica's feed said before is gone with its memory: its consumers
+        # start again from a snapshot of the book (`StreamMarketData` without a position).
+        self.feed_check.start(self.machine)
+
+    def before_apply(self, batch: LogBatch) -> None:
+        self.feed_check.before_record(self.machine, batch)
+
+    def after_apply(self, batch: LogBatch, outputs: list[Sequence[Any]], leading: bool) -> None:
+        """The market-data feed checked on every applying replica (`feed_check.py`)."""
+        if self.world.config.defect == FEED_OMITS_REMOVED_LEVELS:
+            outputs = [tuple(map(_without_removed_levels, items)) for items in outputs]
+        problem = self.feed_check.after_record(self.machine, batch, outputs)
+        if problem is not None:
+            self.world.violation("market-feed", f"{self.name} {problem}")
+            self.feed_check.start(self.machine)  # one finding, not one per record after it
+
+
+def _without_removed_levels(egress: MatcherEgress) -> MatcherEgress:
+    """The planted defect: book updates that leave out the levels that went away."""
+    market = tuple(
+        record._replace(levels=tuple(level for level in record.levels if level.total_lots))
+        if type(record) is BookUpdate
+        else record
+        for record in egress.market
+    )
+    return dataclasses.replace(egress, market=market)

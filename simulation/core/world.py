@@ -6,7 +6,10 @@ write-behind caught up) and audits it. The same config gives the same trace, the
 same final hash and the same figures; a run stops at its first violation.
 
 Checked after every step: each applying shard replica's own invariants (conservation
-per asset, reservations owned and within totals, no negative balance), equal state
+per asset, reservations owned and within totals, no negative balance), each applying
+matcher replica's market-data feed (`feed_check.py`: sequences without a gap or a
+repeat, a book kept from the updates equal to the engine's and never crossed, trades
+one for one with taker fills), equal state
 hashes at equal positions on every replica of a group, the log's writers in term
 order, money conserved across the shards and the database (what resident users,
 clearing and fees hold in the shards plus what the database holds for users no shard
@@ -716,6 +719,7 @@ class SimWorld:
                 "operator_stale": self.operator.stale,
                 "routing_epoch": self.routing.epoch,
                 "fills_stored": len(self.store.fills),
+                **self._feed_figures(),
             },
             clients={
                 "ok": client_figures.ok,
@@ -733,6 +737,19 @@ class SimWorld:
             audit_findings=dict(report.counts) if report is not None else {},
             trace=list(self.faults.trace),
         )
+
+    def _feed_figures(self) -> dict[str, int]:
+        checks = [
+            node.feed_check
+            for group in self.matcher_groups
+            for node in self.replicas[group]
+            if isinstance(node, MatcherReplica)
+        ]
+        return {
+            "market_book_updates_checked": sum(check.book_updates for check in checks),
+            "market_trades_checked": sum(check.trades for check in checks),
+            "market_books_compared": sum(check.books_compared for check in checks),
+        }
 
 
 def run(config: SimConfig) -> SimResult:

@@ -43,9 +43,9 @@ LATE_COPIES = FaultPlan(duplicate_ppm=200_000, delay_ppm=200_000).only(
 
 
 def test_operator_decisions_are_audited_once_and_lifted_under_faults() -> None:
-    """Seed 25: six accepted decisions and a copy answered again as decided, each
-    with its row; halts and limits lifted through eight crashes and the moves."""
-    config = SimConfig(seed=25, steps=20_000, markets=load_catalog().markets, plan=OPERATING)
+    """Seed 4: four accepted decisions and a copy answered again as decided, each
+    with its row; halts and limits lifted through five crashes and the moves."""
+    config = SimConfig(seed=4, steps=20_000, markets=load_catalog().markets, plan=OPERATING)
     world = SimWorld(config)
     result = world.run()
     assert result.ok, run_text(config, result, trace=True)

@@ -104,7 +104,7 @@ def test_a_scale_in_whose_users_will_not_go_flat_is_undone() -> None:
 def test_a_controller_killed_mid_operation_is_resumed_by_the_next() -> None:
     """The controller killed while it had users in transit or a cut-over under way:
     the next incarnation settles the transits and finishes or undoes the cut-over."""
-    world = _run(4, KILLING, 30_000)
+    world = _run(5, KILLING, 30_000)
     figures = world.waves.figures
     assert figures["wave_operations_killed"] >= 1, figures
     assert figures["wave_resumes"] >= 1
