@@ -22,8 +22,9 @@ The delay of each message is the subscriber's wall clock at receipt minus the
 message's `consensus_time_ms` (the matcher leader's wall clock at the log entry: the
 same machine, the same clock), in 0.1 ms bins. `consensus_time_ms` is whole
 milliseconds, truncated, so each figure is up to 1 ms longer than the true delay.
-A diff carries the time of the last update it covers; a `MarketTrades` message is
-timed by its first (oldest) trade. A trade stream the service ends (RESOURCE_EXHAUSTED:
+A diff is timed by the first update it covers (`first_consensus_time_ms`: a diff that
+a stream behind sent merged is as late as its oldest update); a `MarketTrades` message
+is timed by its first (oldest) trade. A trade stream the service ends (RESOURCE_EXHAUSTED:
 the subscriber fell behind) is resumed from its last trade, and a stream that finds the
 service unreachable (UNAVAILABLE: connections still opening; see REOPENED) is opened
 again, as a client would; both are counted.
@@ -169,7 +170,10 @@ class Subscriber:
                         if tally.counting:
                             tally.diffs += 1
                             tally.book_updates += diff.book_sequence - diff.previous_book_sequence
-                            tally.delay(received_ns, diff.consensus_time_ms)
+                            tally.delay(
+                                received_ns,
+                                diff.first_consensus_time_ms or diff.consensus_time_ms,
+                            )
                         continue
                     sequence = event.book.book_sequence
                     if first:

@@ -9,12 +9,14 @@ removed, one that rises into it is sent whole); the full view (depth 0) compares
 only the prices the batch touched. A diff chains from the view's last one
 (`previous_book_sequence`), so a client can tell a diff it can apply from a missed
 one even where updates that changed nothing within its depth were skipped.
+`merge_diffs` makes consecutive diffs one (a stream that fell behind sends them so):
+applied, it leaves the book exactly as they would one after another.
 Pure: no asyncio, no gRPC.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from protos.oms.v1 import market_data_pb2
 from services.market_data.book_mirror import BookSideMirror, Level, LevelRow, MirroredBook, Status
@@ -53,9 +55,11 @@ class DepthView:
         return message
 
     def advance(
-        self, touched_bids: Iterable[int], touched_asks: Iterable[int]
+        self, touched_bids: Iterable[int], touched_asks: Iterable[int], first_time_ms: int
     ) -> market_data_pb2.OrderBookDiff | None:
-        """The diff from what was published to the book now; None if nothing changed."""
+        """The diff from what was published to the book now; None if nothing changed.
+        `first_time_ms`: the consensus time of the first of the updates that touched
+        these prices (those before changed nothing the view shows)."""
         book = self.book
         if self.depth == 0:
             bids = _changed_prices(book.bids, self.bid_levels, touched_bids, descending=True)
@@ -71,12 +75,43 @@ class DepthView:
             book_sequence=book.book_sequence,
             status=book.status,
             consensus_time_ms=book.consensus_time_ms,
+            first_consensus_time_ms=first_time_ms,
         )
         _fill(diff.bids, bids)
         _fill(diff.asks, asks)
         self.sequence = book.book_sequence
         self.status = book.status
         return diff
+
+
+def merge_diffs(diffs: Sequence[market_data_pb2.OrderBookDiff]) -> market_data_pb2.OrderBookDiff:
+    """Consecutive diffs of one view as one: from the first's previous sequence to the
+    last's sequence, each price at its last value, best first. ValueError when they do
+    not chain (never expected: a stream's queue is dropped whole when it resynchronises)."""
+    first, last = diffs[0], diffs[-1]
+    bids: dict[int, market_data_pb2.PriceLevel] = {}
+    asks: dict[int, market_data_pb2.PriceLevel] = {}
+    sequence = first.previous_book_sequence
+    for diff in diffs:
+        if diff.previous_book_sequence != sequence:
+            raise ValueError(
+                f"a diff from {diff.previous_book_sequence} does not follow {sequence}"
+            )
+        sequence = diff.book_sequence
+        for level in diff.bids:
+            bids[level.price_ticks] = level
+        for level in diff.asks:
+            asks[level.price_ticks] = level
+    return market_data_pb2.OrderBookDiff(
+        symbol=last.symbol,
+        previous_book_sequence=first.previous_book_sequence,
+        book_sequence=last.book_sequence,
+        status=last.status,
+        bids=[bids[price] for price in sorted(bids, reverse=True)],
+        asks=[asks[price] for price in sorted(asks)],
+        consensus_time_ms=last.consensus_time_ms,
+        first_consensus_time_ms=first.first_consensus_time_ms,
+    )
 
 
 def _as_dict(rows: Iterable[LevelRow]) -> dict[int, Level]:

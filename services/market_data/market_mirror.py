@@ -8,21 +8,40 @@ day, book updates apply in `book_sequence` (a gap raises `FeedGapError`: the fol
 reconnects from the sequences held and gets a snapshot, never applies past a gap).
 After a batch, each (symbol, depth) view with subscribers makes at most one diff and
 each symbol's trades make one `MarketTrades`: each serialized once and offered to
-every subscriber as the same bytes.
+every subscriber as the same bytes. A stream that finds several waiting sends them as
+one message (`coalesce_diffs`; trades concatenate); streams of one view that caught up
+together share the merged diff (serialized once for them, `MERGED_HELD` kept).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 from protos.oms.v1 import market_data_pb2, matcher_pb2
 from services.market_data.book_mirror import UNKNOWN, FeedGapError, MirroredBook
-from services.market_data.depth_view import DepthView
+from services.market_data.depth_view import DepthView, merge_diffs
 from services.market_data.subscribers import Subscriber
 from services.market_data.ticker import RollingDay
+
+MERGED_HELD = 64  # merged diffs kept per service for streams that caught up together
+
+
+class PublishedDiff:
+    """A view's diff as the fan-out offers it: serialized once (an `OrderBookEvent`),
+    the message kept for merging with the next ones."""
+
+    __slots__ = ("data", "diff")
+
+    def __init__(self, diff: market_data_pb2.OrderBookDiff, data: bytes) -> None:
+        self.diff = diff
+        self.data = data
+
+
+BookStream = Subscriber[PublishedDiff]
+TradeStream = Subscriber[bytes]
 
 
 @dataclass(slots=True)
@@ -36,6 +55,8 @@ class FeedStatistics:
     trades_lost: int = 0  # trades the matcher no longer held when the service asked
     messages_serialized: int = 0  # diffs and trade messages serialized (once each)
     messages_offered: int = 0  # those messages offered to streams (one per stream)
+    messages_coalesced: int = 0  # offered messages a stream sent within a larger one
+    diffs_merged: int = 0  # diffs merged for streams that were behind (serialized once)
     resyncs: int = 0  # book streams sent a fresh book after falling behind or a resnapshot
     streams_ended_behind: int = 0  # trade streams ended RESOURCE_EXHAUSTED
 
@@ -68,8 +89,8 @@ class SymbolMarket:
         self.trades: deque[market_data_pb2.MarketTrade] = deque(maxlen=retained_trades)
         self.day = RollingDay()
         self.views: dict[int, DepthView] = {}
-        self.view_streams: dict[int, set[Subscriber]] = {}
-        self.trade_streams: set[Subscriber] = set()
+        self.view_streams: dict[int, set[BookStream]] = {}
+        self.trade_streams: set[TradeStream] = set()
 
     def trades_after(self, sequence: int) -> list[market_data_pb2.MarketTrade] | None:
         """Held trades after `sequence`; None when some of them are no longer held."""
@@ -87,6 +108,8 @@ class MarketMirror:
         self.symbols = {symbol: SymbolMarket(symbol, retained_trades) for symbol in symbols}
         self.statistics = FeedStatistics()
         self.as_of_ms: dict[str, int] = {}  # per symbol: the newest consensus time seen
+        # (symbol, depth, from sequence, to sequence) -> the merged diff's bytes.
+        self._merged: dict[tuple[str, int, int, int], bytes] = {}
 
     # --- the feed ---------------------------------------------------------------------
 
@@ -94,6 +117,7 @@ class MarketMirror:
         stats = self.statistics
         stats.batches += 1
         touched: dict[str, tuple[set[int], set[int]]] = {}
+        first_times: dict[str, int] = {}  # per symbol: its first update's consensus time
         new_trades: dict[str, list[market_data_pb2.MarketTrade]] = {}
         for snapshot in batch.snapshots:
             market = self.symbols[snapshot.symbol]
@@ -150,6 +174,7 @@ class MarketMirror:
                     raise
                 stats.book_updates += 1
                 self._seen(update.symbol, update.consensus_time_ms)
+                first_times.setdefault(update.symbol, update.consensus_time_ms)
                 bids, asks = touched.setdefault(update.symbol, (set(), set()))
                 bids.update(level.price_ticks for level in update.bids)
                 asks.update(level.price_ticks for level in update.asks)
@@ -159,7 +184,7 @@ class MarketMirror:
                 if market.book.crossed():
                     stats.crossed_books += 1
                 if market.book.known:
-                    self._publish_diffs(market, bids, asks)
+                    self._publish_diffs(market, bids, asks, first_times[symbol])
             for symbol, trades in new_trades.items():
                 self._publish_trades(self.symbols[symbol], trades)
 
@@ -167,20 +192,24 @@ class MarketMirror:
         if time_ms > self.as_of_ms.get(symbol, 0):
             self.as_of_ms[symbol] = time_ms
 
-    def _publish_diffs(self, market: SymbolMarket, bids: set[int], asks: set[int]) -> None:
+    def _publish_diffs(
+        self, market: SymbolMarket, bids: set[int], asks: set[int], first_time_ms: int
+    ) -> None:
         stats = self.statistics
         for depth, view in market.views.items():
-            diff = view.advance(bids, asks)
+            diff = view.advance(bids, asks, first_time_ms)
             if diff is None:
                 continue
-            data = market_data_pb2.OrderBookEvent(diff=diff).SerializeToString()
+            published = PublishedDiff(
+                diff, market_data_pb2.OrderBookEvent(diff=diff).SerializeToString()
+            )
             stats.messages_serialized += 1
             for subscriber in market.view_streams[depth]:
                 stats.messages_offered += 1
                 # Counted when the stream overflows, not again for every message it
                 # skips until its writer sends the fresh book.
                 behind = subscriber.resync
-                if not subscriber.offer(data) and subscriber.resync and not behind:
+                if not subscriber.offer(published) and subscriber.resync and not behind:
                     stats.resyncs += 1
 
     def _publish_trades(
@@ -201,8 +230,35 @@ class MarketMirror:
             if not subscriber.offer(data) and subscriber.ended and not ended:
                 stats.streams_ended_behind += 1
 
+    # --- what a stream sends ------------------------------------------------------------
+
+    def coalesce_diffs(self, symbol: str, depth: int, diffs: Sequence[PublishedDiff]) -> bytes:
+        """One message for the diffs a book stream found waiting (consecutive: its queue)."""
+        if len(diffs) == 1:
+            return diffs[0].data
+        stats = self.statistics
+        stats.messages_coalesced += len(diffs) - 1
+        key = (symbol, depth, diffs[0].diff.previous_book_sequence, diffs[-1].diff.book_sequence)
+        merged = self._merged.get(key)
+        if merged is None:
+            diff = merge_diffs([published.diff for published in diffs])
+            merged = market_data_pb2.OrderBookEvent(diff=diff).SerializeToString()
+            stats.diffs_merged += 1
+            if len(self._merged) >= MERGED_HELD:
+                del self._merged[next(iter(self._merged))]  # the oldest
+            self._merged[key] = merged
+        return merged
+
+    def coalesce_trades(self, messages: Sequence[bytes]) -> bytes:
+        """One `MarketTrades` for those a trade stream found waiting: protobuf appends a
+        repeated field's elements when messages are concatenated, and the symbol is the
+        same in every one, so the bytes joined are the trades in order."""
+        self.statistics.messages_coalesced += len(messages) - 1
+        return messages[0] if len(messages) == 1 else b"".join(messages)
+
     def _resynchronise(self, market: SymbolMarket) -> None:
         """The book was replaced: every view starts again from it, every stream gets it."""
+        self._merged.clear()  # the views' diffs start again from the new book
         for depth, view in market.views.items():
             view.rebase()
             for subscriber in market.view_streams[depth]:
@@ -226,7 +282,7 @@ class MarketMirror:
 
     # --- subscriptions ----------------------------------------------------------------
 
-    def join_book(self, symbol: str, depth: int, subscriber: Subscriber) -> bytes:
+    def join_book(self, symbol: str, depth: int, subscriber: BookStream) -> bytes:
         """Register a book stream; its first message (the view's book), serialized."""
         market = self.symbols[symbol]
         view = market.views.get(depth)
@@ -236,7 +292,7 @@ class MarketMirror:
         market.view_streams[depth].add(subscriber)
         return market_data_pb2.OrderBookEvent(book=view.order_book()).SerializeToString()
 
-    def leave_book(self, symbol: str, depth: int, subscriber: Subscriber) -> None:
+    def leave_book(self, symbol: str, depth: int, subscriber: BookStream) -> None:
         market = self.symbols[symbol]
         streams = market.view_streams.get(depth)
         if streams is None:
@@ -252,7 +308,7 @@ class MarketMirror:
         return market_data_pb2.OrderBookEvent(book=view.order_book()).SerializeToString()
 
     def join_trades(
-        self, symbol: str, after_sequence: int, subscriber: Subscriber, recent: int = 0
+        self, symbol: str, after_sequence: int, subscriber: TradeStream, recent: int = 0
     ) -> list[market_data_pb2.MarketTrade] | None:
         """Register a trade stream; the held trades to send first: those after
         `after_sequence`, or with 0 the newest `recent` held; None when some of those
@@ -270,7 +326,7 @@ class MarketMirror:
         market.trade_streams.add(subscriber)
         return backlog
 
-    def leave_trades(self, symbol: str, subscriber: Subscriber) -> None:
+    def leave_trades(self, symbol: str, subscriber: TradeStream) -> None:
         self.symbols[symbol].trade_streams.discard(subscriber)
 
     def subscribers(self) -> int:

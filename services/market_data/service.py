@@ -34,7 +34,7 @@ from services.clients.matcher_directory import MatcherDirectory
 from services.coordination.addresses import address_source
 from services.market_data.book_mirror import UNKNOWN
 from services.market_data.depth_view import STREAM_DEPTHS
-from services.market_data.market_mirror import MarketMirror
+from services.market_data.market_mirror import BookStream, MarketMirror, TradeStream
 from services.market_data.matcher_follower import MatcherFollower
 from services.market_data.settings import MarketDataSettings
 from services.market_data.subscribers import Overflow, Subscriber
@@ -46,6 +46,9 @@ log = structlog.get_logger(__name__)
 SERVICE_NAME = "oms.v1.MarketData"
 MAX_BOOK_DEPTH = 5_000
 TRADES_PER_MESSAGE = 1_000
+# A trade stream that fell behind sends what waits as one message up to this size (a
+# book stream's merged diff is never larger than its view).
+WRITE_BUDGET_BYTES = 256 * 1024
 DEFAULT_CANDLES = 500
 MAX_CANDLES = 1_000
 SEED_RETRY_S = 1.0
@@ -227,7 +230,9 @@ class MarketDataService:
             )
         self._known_book(symbol)
         mirror = self.mirror
-        subscriber = Subscriber(context.peer(), self.settings.queue_messages, Overflow.RESYNC)
+        subscriber: BookStream = Subscriber(
+            context.peer(), self.settings.queue_messages, Overflow.RESYNC
+        )
         with self._stream_slot(subscriber.peer):
             first = mirror.join_book(symbol, depth, subscriber)
             try:
@@ -239,9 +244,9 @@ class MarketDataService:
                         subscriber.queue.clear()
                         yield mirror.view_book(symbol, depth)
                         continue
-                    queue = subscriber.queue
-                    while queue:
-                        yield queue.popleft()
+                    # Everything waiting, as one diff: one write, however far behind.
+                    waiting = subscriber.take_all()
+                    yield mirror.coalesce_diffs(symbol, depth, waiting)
             finally:
                 mirror.leave_book(symbol, depth, subscriber)
 
@@ -251,7 +256,9 @@ class MarketDataService:
         symbol = request.symbol
         self._known_book(symbol)
         mirror = self.mirror
-        subscriber = Subscriber(context.peer(), self.settings.queue_messages, Overflow.END)
+        subscriber: TradeStream = Subscriber(
+            context.peer(), self.settings.queue_messages, Overflow.END
+        )
         with self._stream_slot(subscriber.peer):
             backlog = mirror.join_trades(
                 symbol, request.from_trade_sequence, subscriber, request.recent
@@ -276,9 +283,9 @@ class MarketDataService:
                     ).SerializeToString()
                 while True:
                     await subscriber.next_ready()
-                    queue = subscriber.queue
-                    while queue:
-                        yield queue.popleft()
+                    while subscriber.queue:
+                        waiting = subscriber.take(WRITE_BUDGET_BYTES, len)
+                        yield mirror.coalesce_trades(waiting)
                     if subscriber.ended:
                         raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, subscriber.ended)
             finally:
@@ -481,10 +488,9 @@ class MarketDataService:
         numbers["symbols_known"] = sum(market.book.known for market in self.mirror.symbols.values())
         # Messages waiting in every stream's queue, all streams together.
         numbers["queued_messages"] = sum(
-            len(subscriber.queue)
+            sum(len(stream.queue) for streams in market.view_streams.values() for stream in streams)
+            + sum(len(stream.queue) for stream in market.trade_streams)
             for market in self.mirror.symbols.values()
-            for streams in (*market.view_streams.values(), market.trade_streams)
-            for subscriber in streams
         )
         for follower in self.followers:
             numbers[f"matcher_connected.{follower.group}"] = int(follower.connected)

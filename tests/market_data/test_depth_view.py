@@ -11,15 +11,17 @@ depth. A diff lists only levels that change what the client holds, best first.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import cycle
 from typing import TypeAlias
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.market_data_client import LocalBook, book_levels
 from protos.oms.v1 import market_data_pb2, matcher_pb2
 from services.market_data.book_mirror import HALTED, TRADING, UNKNOWN, MirroredBook
-from services.market_data.depth_view import STREAM_DEPTHS, DepthView
+from services.market_data.depth_view import STREAM_DEPTHS, DepthView, merge_diffs
 from tests.market_data.feed_messages import Row, snapshot, update
 
 SYMBOL = "ETH-USDT"
@@ -73,7 +75,7 @@ def assert_rows_change_the_client(
 def advance(follower: Follower, book: MirroredBook, bids: set[int], asks: set[int]) -> bool:
     """The view's diff for the batch, applied by the client; True if there was one."""
     local = follower.local
-    diff = follower.view.advance(bids, asks)
+    diff = follower.view.advance(bids, asks, 0)
     if diff is None:
         return False
     assert diff.symbol == book.symbol
@@ -197,6 +199,79 @@ def test_a_client_following_any_depth_always_shows_the_books_best_levels(
             followers.extend(joined)
 
 
+@settings(max_examples=80)
+@given(
+    book_rows,
+    book_rows,
+    st.lists(st.lists(updates, min_size=1, max_size=3), min_size=1, max_size=20),
+    st.lists(st.integers(1, 6), min_size=1, max_size=20),
+)
+def test_a_stream_behind_that_gets_its_waiting_diffs_merged_shows_the_same_book(
+    first_bids: Levels,
+    first_asks: Levels,
+    batches: list[list[tuple[Levels, Levels, BookStatus]]],
+    catch_up_every: list[int],
+) -> None:
+    """A stream behind sends the diffs waiting in its queue as one (`merge_diffs`): a
+    client applying merged runs of any length holds, after each, exactly what a client
+    applying every diff holds; a merged diff lists each price once, best first, and
+    spans from the run's first update to its last."""
+    book = MirroredBook(SYMBOL)
+    book.reset(snapshot(SYMBOL, 7, rows_of(first_bids), rows_of(first_asks)))
+    for depth in DEPTHS:
+        every, lagging = Follower.join(book, depth), Follower.join(book, depth)
+        lagging.view = every.view  # one view: the lagging client reads the same diffs
+        waiting: list[market_data_pb2.OrderBookDiff] = []
+        runs = cycle(catch_up_every)
+        run_length = next(runs)
+        for number, batch in enumerate(batches):
+            touched_bids: set[int] = set()
+            touched_asks: set[int] = set()
+            for bids, asks, status in batch:
+                book.apply(
+                    update(
+                        SYMBOL,
+                        book.book_sequence + 1,
+                        bids=rows_of(bids),
+                        asks=rows_of(asks),
+                        status=status,
+                        consensus_time_ms=1_000 + book.book_sequence,
+                    )
+                )
+                touched_bids.update(bids)
+                touched_asks.update(asks)
+            diff = every.view.advance(touched_bids, touched_asks, 1_000 + number)
+            if diff is None:
+                continue
+            every.local.apply(wire(market_data_pb2.OrderBookEvent(diff=diff)))
+            waiting.append(diff)
+            if len(waiting) >= run_length or number == len(batches) - 1:
+                merged = merge_diffs(waiting)
+                assert merged.previous_book_sequence == waiting[0].previous_book_sequence
+                assert merged.book_sequence == waiting[-1].book_sequence
+                assert merged.first_consensus_time_ms == waiting[0].first_consensus_time_ms
+                assert merged.consensus_time_ms == waiting[-1].consensus_time_ms
+                for rows, descending in ((merged.bids, True), (merged.asks, False)):
+                    prices = [row.price_ticks for row in rows]
+                    assert prices == sorted(set(prices), reverse=descending)
+                lagging.local.apply(wire(market_data_pb2.OrderBookEvent(diff=merged)))
+                assert lagging.local.levels() == every.local.levels(), depth
+                assert lagging.local.status == every.local.status
+                assert lagging.local.book_sequence == every.local.book_sequence
+                waiting.clear()
+                run_length = next(runs)
+        if not waiting:
+            assert_shows_the_book(lagging, book)
+        book.reset(snapshot(SYMBOL, 7, rows_of(first_bids), rows_of(first_asks)))
+
+
+def test_merging_diffs_that_do_not_chain_is_refused() -> None:
+    first = market_data_pb2.OrderBookDiff(symbol=SYMBOL, previous_book_sequence=3, book_sequence=5)
+    gap = market_data_pb2.OrderBookDiff(symbol=SYMBOL, previous_book_sequence=6, book_sequence=7)
+    with pytest.raises(ValueError, match="does not follow 5"):
+        merge_diffs([first, gap])
+
+
 # --- by example --------------------------------------------------------------------------
 
 
@@ -218,7 +293,7 @@ def test_a_level_leaving_the_depth_is_sent_removed_and_one_entering_it_whole() -
     book = traded_book()
     top = Follower.join(book, 1)
     book.apply(update(SYMBOL, 11, bids=[(100, 0, 0)]))  # the best bid is taken
-    diff = top.view.advance({100}, set())
+    diff = top.view.advance({100}, set(), 0)
     assert diff is not None
     assert [(row.price_ticks, row.total_lots, row.order_count) for row in diff.bids] == [
         (100, 0, 0),
@@ -227,7 +302,7 @@ def test_a_level_leaving_the_depth_is_sent_removed_and_one_entering_it_whole() -
     assert list(diff.asks) == []
     assert (diff.previous_book_sequence, diff.book_sequence) == (10, 11)
     book.apply(update(SYMBOL, 12, bids=[(101, 2, 1)]))  # a better bid rises into the top
-    diff = top.view.advance({101}, set())
+    diff = top.view.advance({101}, set(), 0)
     assert diff is not None
     assert [(row.price_ticks, row.total_lots) for row in diff.bids] == [(101, 2), (99, 0)]
     assert diff.previous_book_sequence == 11
@@ -237,9 +312,9 @@ def test_an_update_outside_the_depth_makes_no_diff_and_the_next_one_chains_over_
     book = traded_book()
     top = Follower.join(book, 1)
     book.apply(update(SYMBOL, 11, bids=[(98, 7, 2)], asks=[(103, 0, 0)]))
-    assert top.view.advance({98}, {103}) is None
+    assert top.view.advance({98}, {103}, 0) is None
     book.apply(update(SYMBOL, 12, asks=[(101, 1, 1)]))
-    diff = top.view.advance(set(), {101})
+    diff = top.view.advance(set(), {101}, 0)
     assert diff is not None
     # Chained from what the stream last got (10), not from the skipped 11.
     assert (diff.previous_book_sequence, diff.book_sequence) == (10, 12)
@@ -261,7 +336,7 @@ def test_several_updates_of_one_batch_make_one_diff_of_their_net_change() -> Non
         touched_bids.update(row[0] for row in bids)
         touched_asks.update(row[0] for row in asks)
     for follower in (full, top5):
-        diff = follower.view.advance(touched_bids, touched_asks)
+        diff = follower.view.advance(touched_bids, touched_asks, 0)
         assert diff is not None
         assert (diff.previous_book_sequence, diff.book_sequence) == (10, 13)
         assert diff.consensus_time_ms == 13
@@ -279,11 +354,11 @@ def test_a_status_change_alone_is_a_diff_without_levels() -> None:
     book = traded_book()
     follower = Follower.join(book, 5)
     book.apply(update(SYMBOL, 11, status=matcher_pb2.BOOK_STATUS_HALTED))
-    diff = follower.view.advance(set(), set())
+    diff = follower.view.advance(set(), set(), 0)
     assert diff is not None and diff.status == HALTED
     assert list(diff.bids) == [] and list(diff.asks) == []
     book.apply(update(SYMBOL, 12, status=matcher_pb2.BOOK_STATUS_HALTED))
-    assert follower.view.advance(set(), set()) is None
+    assert follower.view.advance(set(), set(), 0) is None
 
 
 def test_a_view_made_before_the_first_snapshot_starts_over_from_it_on_rebase() -> None:
@@ -312,7 +387,7 @@ def test_a_rebase_after_a_resnapshot_publishes_the_new_book_and_diffs_chain_from
     follower.local.apply(market_data_pb2.OrderBookEvent(book=first))
     assert follower.local.resyncs == 1
     book.apply(update(SYMBOL, 51, asks=[(95, 0, 0)]))
-    diff = follower.view.advance(set(), {95})
+    diff = follower.view.advance(set(), {95}, 0)
     assert diff is not None and diff.previous_book_sequence == 50
     follower.local.apply(market_data_pb2.OrderBookEvent(diff=diff))
     assert follower.local.levels() == ([(90, 9, 9)], [(96, 1, 1)])

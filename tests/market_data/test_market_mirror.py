@@ -17,18 +17,18 @@ from hypothesis import strategies as st
 from gateway.market_data_client import LocalBook, book_levels
 from protos.oms.v1 import market_data_pb2, matcher_pb2
 from services.market_data.book_mirror import TRADING, UNKNOWN, FeedGapError
-from services.market_data.market_mirror import MarketMirror
+from services.market_data.market_mirror import BookStream, MarketMirror, PublishedDiff, TradeStream
 from services.market_data.subscribers import Overflow, Subscriber
 from tests.market_data.feed_messages import snapshot, trade, update
 
 BTC, ETH = "BTC-USDT", "ETH-USDT"
 
 
-def book_stream(limit: int = 100) -> Subscriber:
+def book_stream(limit: int = 100) -> BookStream:
     return Subscriber("peer", limit, Overflow.RESYNC)
 
 
-def trade_stream(limit: int = 100) -> Subscriber:
+def trade_stream(limit: int = 100) -> TradeStream:
     return Subscriber("peer", limit, Overflow.END)
 
 
@@ -70,7 +70,11 @@ def trade_sequences(data: bytes) -> list[int]:
     return [trade.trade_sequence for trade in market_data_pb2.MarketTrades.FromString(data).trades]
 
 
-def event(data: bytes) -> market_data_pb2.OrderBookEvent:
+def event(data: bytes | PublishedDiff) -> market_data_pb2.OrderBookEvent:
+    """A book stream's message as a client reads it (a queued diff: as serialized)."""
+    if isinstance(data, PublishedDiff):
+        assert market_data_pb2.OrderBookEvent(diff=data.diff).SerializeToString() == data.data
+        data = data.data
     return market_data_pb2.OrderBookEvent.FromString(data)
 
 
@@ -444,3 +448,51 @@ def test_every_trade_reaches_a_stream_once_in_sequence_until_trades_are_lost(
     # The trades held are the newest since the last loss, consecutive.
     held = [held.trade_sequence for held in market.trades]
     assert held == list(range(sent - len(held) + 1, sent + 1))
+
+
+def test_a_stream_behind_sends_the_diffs_waiting_as_one_merged_diff_shared_with_its_peers() -> None:
+    mirror = followed_mirror()
+    behind = [book_stream(), book_stream()]
+    locals_ = [LocalBook(BTC), LocalBook(BTC)]
+    for stream, local in zip(behind, locals_, strict=True):
+        local.apply(event(mirror.join_book(BTC, 0, stream)))
+    for sequence, bids, asks in [
+        (6, [(99, 2, 1)], []),
+        (7, [(99, 0, 0)], [(102, 4, 2)]),
+        (8, [(100, 9, 3)], [(101, 0, 0)]),
+    ]:
+        mirror.apply_batch(batch(book_updates=[update(BTC, sequence, bids=bids, asks=asks)]))
+    assert all(len(stream.queue) == 3 for stream in behind)
+    serialized = mirror.statistics.messages_serialized
+    sent = [mirror.coalesce_diffs(BTC, 0, stream.take_all()) for stream in behind]
+    # Merged once, serialized once: both streams send the very same bytes.
+    assert sent[0] is sent[1]
+    assert mirror.statistics.diffs_merged == 1
+    assert mirror.statistics.messages_coalesced == 4
+    assert mirror.statistics.messages_serialized == serialized
+    diff = event(sent[0]).diff
+    assert (diff.previous_book_sequence, diff.book_sequence) == (5, 8)
+    assert (diff.first_consensus_time_ms, diff.consensus_time_ms) == (6_000, 8_000)
+    book = mirror.symbols[BTC].book
+    for local in locals_:
+        local.apply(event(sent[0]))
+        assert local.levels() == (book.bids.best(0), book.asks.best(0))
+        assert local.book_sequence == 8
+    # One diff waiting is sent as it was offered.
+    mirror.apply_batch(batch(book_updates=[update(BTC, 9, bids=[(98, 1, 1)])]))
+    waiting = behind[0].take_all()
+    assert mirror.coalesce_diffs(BTC, 0, waiting) is waiting[0].data
+
+
+def test_a_trade_stream_behind_sends_the_trades_waiting_as_one_message() -> None:
+    mirror = followed_mirror()
+    stream = trade_stream()
+    mirror.join_trades(BTC, 0, stream)
+    for first in (4, 6, 8):
+        mirror.apply_batch(batch(trades=[trade(BTC, s) for s in range(first, first + 2)]))
+    messages = stream.take_all()
+    assert len(messages) == 3
+    joined = market_data_pb2.MarketTrades.FromString(mirror.coalesce_trades(messages))
+    assert joined.symbol == BTC
+    assert [held.trade_sequence for held in joined.trades] == [4, 5, 6, 7, 8, 9]
+    assert mirror.statistics.messages_coalesced == 2

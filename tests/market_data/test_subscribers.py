@@ -23,7 +23,7 @@ async def settle() -> None:
 
 
 def test_messages_queue_in_order_up_to_the_limit() -> None:
-    subscriber = Subscriber("ipv4:127.0.0.1:1", 3, Overflow.RESYNC)
+    subscriber: Subscriber[bytes] = Subscriber("ipv4:127.0.0.1:1", 3, Overflow.RESYNC)
     for message in (b"a", b"b", b"c"):
         assert subscriber.offer(message)
     assert list(subscriber.queue) == [b"a", b"b", b"c"]
@@ -31,8 +31,18 @@ def test_messages_queue_in_order_up_to_the_limit() -> None:
     assert subscriber.wake.is_set()
 
 
+def test_take_gives_what_waits_within_a_budget_and_at_least_one_message() -> None:
+    subscriber: Subscriber[bytes] = Subscriber("peer", 10, Overflow.END)
+    for message in (b"aaaa", b"bb", b"cc", b"dddddd"):
+        subscriber.offer(message)
+    assert subscriber.take(7, len) == [b"aaaa", b"bb"]
+    assert subscriber.take(1, len) == [b"cc"]  # larger than the budget: alone
+    assert subscriber.take_all() == [b"dddddd"]
+    assert not subscriber.queue
+
+
 def test_a_book_stream_over_its_limit_drops_its_queue_and_waits_for_a_fresh_book() -> None:
-    subscriber = Subscriber("peer", 2, Overflow.RESYNC)
+    subscriber: Subscriber[bytes] = Subscriber("peer", 2, Overflow.RESYNC)
     assert subscriber.offer(b"1") and subscriber.offer(b"2")
     subscriber.wake.clear()
     assert not subscriber.offer(b"3")
@@ -47,7 +57,7 @@ def test_a_book_stream_over_its_limit_drops_its_queue_and_waits_for_a_fresh_book
 
 
 def test_a_trade_stream_over_its_limit_is_ended() -> None:
-    subscriber = Subscriber("peer", 2, Overflow.END)
+    subscriber: Subscriber[bytes] = Subscriber("peer", 2, Overflow.END)
     assert subscriber.offer(b"1") and subscriber.offer(b"2")
     subscriber.wake.clear()
     assert not subscriber.offer(b"3")
@@ -57,7 +67,7 @@ def test_a_trade_stream_over_its_limit_is_ended() -> None:
 
 
 def test_end_says_why_and_drops_the_queue() -> None:
-    subscriber = Subscriber("peer", 5, Overflow.END)
+    subscriber: Subscriber[bytes] = Subscriber("peer", 5, Overflow.END)
     subscriber.offer(b"1")
     subscriber.wake.clear()
     subscriber.end("trades 4..6 were lost")
@@ -67,11 +77,11 @@ def test_end_says_why_and_drops_the_queue() -> None:
 
 
 async def test_next_ready_returns_at_once_when_something_is_waiting() -> None:
-    subscriber = Subscriber("peer", 5, Overflow.RESYNC)
+    subscriber: Subscriber[bytes] = Subscriber("peer", 5, Overflow.RESYNC)
     subscriber.offer(b"1")
     async with asyncio.timeout(WAKE_DEADLINE_S):
         await subscriber.next_ready()
-    resynced = Subscriber("peer", 5, Overflow.RESYNC)
+    resynced: Subscriber[bytes] = Subscriber("peer", 5, Overflow.RESYNC)
     resynced.resync = True
     async with asyncio.timeout(WAKE_DEADLINE_S):
         await resynced.next_ready()
@@ -79,7 +89,7 @@ async def test_next_ready_returns_at_once_when_something_is_waiting() -> None:
 
 @pytest.mark.parametrize("wake_by", ["offer", "resnapshot", "end"])
 async def test_next_ready_waits_until_a_message_a_resync_or_an_end(wake_by: str) -> None:
-    subscriber = Subscriber("peer", 1, Overflow.RESYNC)
+    subscriber: Subscriber[bytes] = Subscriber("peer", 1, Overflow.RESYNC)
     subscriber.offer(b"0")
     subscriber.queue.clear()  # the writer took it: the wake flag is still set
     waiting = asyncio.create_task(subscriber.next_ready())
@@ -99,7 +109,7 @@ async def test_next_ready_waits_until_a_message_a_resync_or_an_end(wake_by: str)
 
 async def test_after_an_overflow_next_ready_returns_with_nothing_queued() -> None:
     for overflow in Overflow:
-        subscriber = Subscriber("peer", 1, overflow)
+        subscriber: Subscriber[bytes] = Subscriber("peer", 1, overflow)
         subscriber.offer(b"1")
         subscriber.offer(b"2")
         async with asyncio.timeout(WAKE_DEADLINE_S):
@@ -112,7 +122,7 @@ async def test_after_an_overflow_next_ready_returns_with_nothing_queued() -> Non
 
 
 async def test_a_writer_takes_every_message_in_order_across_wakes() -> None:
-    subscriber = Subscriber("peer", 100, Overflow.END)
+    subscriber: Subscriber[bytes] = Subscriber("peer", 100, Overflow.END)
     received: list[bytes] = []
 
     async def writer() -> None:
