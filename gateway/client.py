@@ -147,6 +147,15 @@ class OmsClient(_SignedClient):
         )
         return ack
 
+    async def cancel_all(self, *, symbol: str = "") -> gateway_pb2.CancelAllAck:
+        """Cancel every live order of this user, or of `symbol`: the ack lists the orders
+        whose cancels were sent; each one's end comes as an order update."""
+        request = gateway_pb2.CancelAllOrdersRequest(user_id=self.user_id, symbol=symbol)
+        ack: gateway_pb2.CancelAllAck = await self._signed.unary(
+            ORDER_SERVICE + "CancelAllOrders", request, gateway_pb2.CancelAllAck
+        )
+        return ack
+
     # --- queries --------------------------------------------------------------------------
 
     async def get_order(

@@ -124,6 +124,12 @@ def register(subparsers: Any) -> None:
     which.add_argument("--client-order-id", default="", dest="client_order_id")
     cancel.set_defaults(handler=run_cancel)
 
+    cancel_all = actions.add_parser(
+        "cancel-all", help="cancel every open order, or one symbol's, in one request"
+    )
+    cancel_all.add_argument("--symbol", default="", help="only this symbol's orders")
+    cancel_all.set_defaults(handler=run_cancel_all)
+
     orders = actions.add_parser("orders", help="list open orders")
     orders.add_argument("--symbol", default="")
     orders.set_defaults(handler=run_orders)
@@ -274,6 +280,24 @@ def run_cancel(arguments: argparse.Namespace) -> int:
         reason = _name(shard_pb2.ShardRejectReason, ack.reject_reason, "SHARD_REJECT_REASON_")
         print(f"cancel refused: {reason}")
         return 1
+
+    return _run(arguments, action)
+
+
+def run_cancel_all(arguments: argparse.Namespace) -> int:
+    async def action(client: OmsClient) -> int:
+        ack = await client.cancel_all(symbol=arguments.symbol)
+        if not ack.accepted:
+            reason = _name(shard_pb2.ShardRejectReason, ack.reject_reason, "SHARD_REJECT_REASON_")
+            print(f"cancel-all refused: {reason}")
+            return 1
+        for order_id in ack.cancelled_order_ids:
+            print(f"cancel of {order_id} is on its way to the matcher")
+        print(
+            f"{len(ack.cancelled_order_ids)} cancels sent,"
+            f" {ack.already_cancelling} already on their way"
+        )
+        return 0
 
     return _run(arguments, action)
 

@@ -20,6 +20,14 @@ ORDER_SERVICE = "/oms.v1.OrderGateway/"
 MAX_TRADE_BATCH = 1_000
 
 
+# What one TradeRequest carries.
+TradeOrder = (
+    gateway_pb2.PlaceOrderRequest
+    | gateway_pb2.CancelOrderRequest
+    | gateway_pb2.CancelAllOrdersRequest
+)
+
+
 class OrderUpdateStream:
     """The user's order updates; entering waits until the gateway has subscribed."""
 
@@ -149,19 +157,19 @@ class TradeStream:
         if self._call is not None:
             self._call.cancel()
 
-    def request(
-        self, order: gateway_pb2.PlaceOrderRequest | gateway_pb2.CancelOrderRequest
-    ) -> gateway_pb2.TradeRequest:
+    def request(self, order: TradeOrder) -> gateway_pb2.TradeRequest:
         request = gateway_pb2.TradeRequest(request_id=next(self._ids))
         if isinstance(order, gateway_pb2.PlaceOrderRequest):
             request.place.CopyFrom(order)
+        elif isinstance(order, gateway_pb2.CancelAllOrdersRequest):
+            request.cancel_all.CopyFrom(order)
         else:
             request.cancel.CopyFrom(order)
         return request
 
     async def submit(
         self,
-        orders: Sequence[gateway_pb2.PlaceOrderRequest | gateway_pb2.CancelOrderRequest],
+        orders: Sequence[TradeOrder],
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> list[gateway_pb2.TradeResponse]:
         """Send `orders` (in batches of at most 1,000) and return their answers in order."""

@@ -18,7 +18,14 @@ import structlog
 
 from gateway.account_queries import AccountQueries
 from gateway.authentication import caller
-from gateway.core.acks import cancel_ack, cancel_command, order_ack, place_command
+from gateway.core.acks import (
+    cancel_ack,
+    cancel_all_ack,
+    cancel_all_command,
+    cancel_command,
+    order_ack,
+    place_command,
+)
 from gateway.core.validation import RequestValidator
 from gateway.direct_orders import submit_directly
 from gateway.history import HistoryQueries
@@ -92,9 +99,17 @@ class OrderService:
         result = await self.router.execute(request.user_id, cancel_command(request))
         return cancel_ack(result)
 
+    async def cancel_all(
+        self, request: gateway_pb2.CancelAllOrdersRequest
+    ) -> gateway_pb2.CancelAllAck:
+        result = await self.router.execute(request.user_id, cancel_all_command(request))
+        return cancel_all_ack(result)
+
     def check_trade_request(self, request: gateway_pb2.TradeRequest) -> None:
         if request.HasField("place"):
             self.validator.place(request.place)
+        elif request.HasField("cancel_all"):
+            self.validator.symbol_filter(request.cancel_all.symbol)
         else:
             self.validator.order_reference(request.cancel.order_id, request.cancel.client_order_id)
 
@@ -118,6 +133,12 @@ class OrderService:
     ) -> gateway_pb2.CancelAck:
         self.validator.order_reference(request.order_id, request.client_order_id)
         return await self.cancel(request)
+
+    async def cancel_all_orders(
+        self, request: gateway_pb2.CancelAllOrdersRequest, context: Context
+    ) -> gateway_pb2.CancelAllAck:
+        self.validator.symbol_filter(request.symbol)
+        return await self.cancel_all(request)
 
     async def get_order(
         self, request: gateway_pb2.GetOrderRequest, context: Context
@@ -170,6 +191,7 @@ class OrderService:
             check=self.check_trade_request,
             place=self.place,
             cancel=self.cancel,
+            cancel_all=self.cancel_all,
             counters=self.counters,
             max_in_flight=self.trade_in_flight,
             deadline_s=self.request_deadline_s,
@@ -194,6 +216,9 @@ class OrderService:
         handlers = {
             "PlaceOrder": call(self.place_order, g.PlaceOrderRequest, g.OrderAck),
             "CancelOrder": call(self.cancel_order, g.CancelOrderRequest, g.CancelAck),
+            "CancelAllOrders": call(
+                self.cancel_all_orders, g.CancelAllOrdersRequest, g.CancelAllAck
+            ),
             "GetOrder": call(self.get_order, g.GetOrderRequest, g.OrderView),
             "GetOpenOrders": call(self.get_open_orders, g.GetOpenOrdersRequest, g.OpenOrders),
             "GetBalances": call(self.get_balances, g.GetBalancesRequest, g.Balances),

@@ -33,6 +33,9 @@ DEADLINE = "the request's deadline passed"  # the message a late request is canc
 
 PlaceHandler = Callable[[gateway_pb2.PlaceOrderRequest], Awaitable[gateway_pb2.OrderAck]]
 CancelHandler = Callable[[gateway_pb2.CancelOrderRequest], Awaitable[gateway_pb2.CancelAck]]
+CancelAllHandler = Callable[
+    [gateway_pb2.CancelAllOrdersRequest], Awaitable[gateway_pb2.CancelAllAck]
+]
 Check = Callable[[gateway_pb2.TradeRequest], None]
 # Puts a checked request straight into its shard's link (deadline in loop time), or
 # None: answer it through `place` / `cancel` (gateway/direct_orders.py).
@@ -47,6 +50,7 @@ class TradeSession:
         check: Check,
         place: PlaceHandler,
         cancel: CancelHandler,
+        cancel_all: CancelAllHandler,
         counters: GatewayCounters,
         max_in_flight: int,
         deadline_s: float,
@@ -56,6 +60,7 @@ class TradeSession:
         self.check = check
         self.place = place
         self.cancel = cancel
+        self.cancel_all = cancel_all
         self.submit = submit
         self.counters = counters
         self.deadline_s = deadline_s
@@ -144,8 +149,12 @@ class TradeSession:
                 authorize_account(self.holder, request.place.user_id)
             elif kind == "cancel":
                 authorize_account(self.holder, request.cancel.user_id)
+            elif kind == "cancel_all":
+                authorize_account(self.holder, request.cancel_all.user_id)
             else:
-                raise invalid_field("request", "a TradeRequest holds a place or a cancel")
+                raise invalid_field(
+                    "request", "a TradeRequest holds a place, a cancel or a cancel_all"
+                )
             self.check(request)
         except GatewayError as error:
             self._put(self._error(request.request_id, error))
@@ -230,8 +239,10 @@ class TradeSession:
             if kind == "place":
                 response.place.CopyFrom(await self.place(request.place))
                 outcome = "accepted" if response.place.accepted else "refused"
-            else:
+            elif kind == "cancel":
                 response.cancel.CopyFrom(await self.cancel(request.cancel))
+            else:
+                response.cancel_all.CopyFrom(await self.cancel_all(request.cancel_all))
         except GatewayError as error:
             response = self._error(request.request_id, error)
         except asyncio.CancelledError as cancelled:

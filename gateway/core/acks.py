@@ -34,6 +34,13 @@ def cancel_command(request: gateway_pb2.CancelOrderRequest) -> shard_pb2.ShardCo
     return command
 
 
+def cancel_all_command(request: gateway_pb2.CancelAllOrdersRequest) -> shard_pb2.ShardCommand:
+    command = shard_pb2.ShardCommand()
+    command.cancel_all.user_id = request.user_id
+    command.cancel_all.symbol = request.symbol
+    return command
+
+
 def transfer_command(
     request: gateway_pb2.TransferRequest, *, deposit: bool
 ) -> shard_pb2.ShardCommand:
@@ -66,6 +73,18 @@ def order_ack(client_order_id: str, result: shard_pb2.ShardResult) -> gateway_pb
 def cancel_ack(result: shard_pb2.ShardResult) -> gateway_pb2.CancelAck:
     ack = gateway_pb2.CancelAck(
         accepted=result.accepted, order_id=result.order_id, reject_reason=result.reject_reason
+    )
+    ack.stamp.CopyFrom(result.stamp)
+    return ack
+
+
+def cancel_all_ack(result: shard_pb2.ShardResult) -> gateway_pb2.CancelAllAck:
+    ack = gateway_pb2.CancelAllAck(
+        accepted=result.accepted,
+        cancelled_order_ids=result.cancelled_order_ids,
+        already_cancelling=result.already_cancelling,
+        reject_reason=result.reject_reason,
+        retryable=result.retryable or result.reject_reason in RETRYABLE_REASONS,
     )
     ack.stamp.CopyFrom(result.stamp)
     return ack

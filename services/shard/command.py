@@ -123,6 +123,7 @@ async def serve(settings: ShardServiceSettings, host: RuntimeHost[Any] | None = 
             fences=fences,
             etcd_endpoints=settings.etcd_endpoints,
             mesh_id=settings.mesh_id,
+            version_at_start=settings.version_at_start,
         ).plan()
 
     try:

@@ -36,6 +36,7 @@ from services.coordination.writer_tokens import WriterFenced, WriterFences
 from services.observability.tracing import context_of, tracer, tracing_enabled
 from services.runtime.egress_feed import EgressWindowExceededError
 from services.runtime.hosting import HostPlan, RuntimeHost
+from services.runtime.upgrades import start_new_log_at
 from services.serving.user_batches import user_batch_problem
 from services.serving.writer_admission import admit_writer, superseded
 from services.shard.actor_view import actor_view
@@ -69,8 +70,12 @@ class ShardServicer:
         fences: WriterFences,
         etcd_endpoints: Sequence[str] = (),
         mesh_id: str = DEFAULT_MESH_ID,
+        version_at_start: int = 0,
     ) -> None:
         self.host = host
+        self.version_at_start = version_at_start
+        # Made before the host's sequencer runs: an empty log now is a new group's.
+        self.new_log = host.node.replica.applied_position == 0
         self.fences = fences  # the bridge's and the reconciler's terms (tokens on Execute)
         self.machine: ShardMachine = host.node.replica.machine  # type: ignore[assignment]
         self.shard_id = shard_id
@@ -443,10 +448,17 @@ class ShardServicer:
                 self.route_final_results,
                 self.log_conflated_marks,
                 self.watch_saturation,
+                self.start_new_log,
                 *([self.routing.run] if self.routing is not None else []),
             ],
             metrics=[("shard", self.metric_numbers)],
         )
+
+    async def start_new_log(self) -> None:
+        """A new group decides under the newest rules from its start (`start_new_log_at`);
+        a loop of the plan, so it returns at once where there is nothing to do."""
+        if self.new_log:
+            await start_new_log_at(self.host, self.version_at_start)
 
     def metric_numbers(self) -> dict[str, int]:
         """For the metrics endpoint: the actors, sagas and the machine's counters."""

@@ -23,6 +23,13 @@ class ShardServiceSettings:
     markets_file: Path | None = setting(
         env="OMS_MARKETS_FILE", default=None, help="market catalog (default: packaged)"
     )
+    version_at_start: int = setting(
+        env="OMS_SHARD_VERSION_AT_START",
+        default=0,
+        help="the state-machine version a new group's empty log starts at (0: the newest"
+        " this build implements); a log that holds entries is switched only by"
+        " `oms upgrade activate`",
+    )
     snapshot_interval_entries: int = setting(
         env="OMS_SHARD_SNAPSHOT_ENTRIES",
         default=200_000,

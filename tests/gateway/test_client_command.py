@@ -71,6 +71,32 @@ def test_place_list_cancel_and_balances_from_the_command_line(
     assert (code, err.strip()) == (1, "refused: BAD_SIGNATURE: signature does not match")
 
 
+def test_cancel_all_from_the_command_line(
+    shared_mesh: FullMesh, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    account = new_account(shared_mesh, {"USDT": 10_000_000_000})
+    monkeypatch.setenv("OMS_GATEWAY_ADDRESS", shared_mesh.gateway.address)
+    monkeypatch.setenv("OMS_USER_ID", str(account.user_id))
+    monkeypatch.setenv("OMS_API_KEY", account.api_key)
+    monkeypatch.setenv("OMS_API_SECRET", account.api_secret)
+    for _ in (1, 2):
+        code, out, _ = oms_client(capsys, "place", "BTC-USDT", "buy", "1", "--price", "6400000")
+        assert code == 0, out
+    placed = [f"s1:{account.user_id}:{number}" for number in (1, 2)]
+    code, out, _ = oms_client(capsys, "cancel-all", "--symbol", "BTC-USDT")
+    assert code == 0, out
+    assert out.strip().splitlines() == [
+        *(f"cancel of {order_id} is on its way to the matcher" for order_id in placed),
+        "2 cancels sent, 0 already on their way",
+    ]
+    code, out, _ = oms_client(capsys, "cancel-all")
+    assert (code == 0 and out.strip().endswith("0 cancels sent, 0 already on their way")) or (
+        "already on their way" in out
+    ), out
+    code, _, err = oms_client(capsys, "cancel-all", "--symbol", "DOGE-USDT")
+    assert code == 1 and err.startswith("refused: UNKNOWN_SYMBOL"), err
+
+
 def test_missing_credentials_are_a_usage_error(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

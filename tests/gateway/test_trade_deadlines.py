@@ -38,11 +38,17 @@ async def test_late_requests_are_answered_timeout_and_prompt_ones_are_not() -> N
     async def cancel(request: gateway_pb2.CancelOrderRequest) -> gateway_pb2.CancelAck:
         return gateway_pb2.CancelAck()
 
+    async def cancel_all(
+        request: gateway_pb2.CancelAllOrdersRequest,
+    ) -> gateway_pb2.CancelAllAck:
+        return gateway_pb2.CancelAllAck()
+
     session = TradeSession(
         KeyHolder(api_key="k", secret="s", user_id=USER),
         check=lambda request: None,
         place=place,
         cancel=cancel,
+        cancel_all=cancel_all,
         counters=GatewayCounters(),
         max_in_flight=100,
         deadline_s=DEADLINE_S,
@@ -95,6 +101,7 @@ async def test_orders_sent_straight_to_the_link_meet_the_same_deadline() -> None
         check=lambda request: None,
         place=never,  # type: ignore[arg-type]
         cancel=never,  # type: ignore[arg-type]
+        cancel_all=never,  # type: ignore[arg-type]
         counters=GatewayCounters(),
         max_in_flight=100,
         deadline_s=DEADLINE_S,

@@ -98,16 +98,16 @@ def test_upgrade_status_shows_each_groups_version_and_where_a_switch_runs(
         running_mesh.omsctl("upgrade", "status"),
     ):
         shown = in_users_terms(ran)
-        # A new matcher group starts at its newest version; a shard group at 1.
-        for group, version in (("shard/s1", 1), ("matcher/g1", 2), ("matcher/g2", 2)):
+        # A new group starts at its newest version.
+        for group, version in (("shard/s1", 3), ("matcher/g1", 2), ("matcher/g2", 2)):
             assert f"{group}: version {version} in force; one replica (file log)" in shown, shown
-        assert re.search(r"127\.0\.0\.1:\d+ leader: at 1, implements 1", shown), shown
+        assert re.search(r"127\.0\.0\.1:\d+ leader: at 3, implements 1,2,3", shown), shown
         assert re.search(r"127\.0\.0\.1:\d+ leader: at 2, implements 1,2", shown), shown
         assert "`oms up --replicas 3`" in shown, shown
     groups = json.loads(in_users_terms(running_mesh.oms("upgrade", "status", "--json", *where)))
     assert sorted(group["group"] for group in groups) == ["matcher/g1", "matcher/g2", "shard/s1"]
     for group in groups:
-        assert group["version"] == (1 if group["group"] == "shard/s1" else 2), group
+        assert group["version"] == (3 if group["group"] == "shard/s1" else 2), group
         assert not group["replicated"], group
         assert [replica["role"] for replica in group["replicas"]] == ["leader"], group
     in_etcd = in_users_terms(running_mesh.oms("upgrade", "status", "--etcd", *where), code=2)

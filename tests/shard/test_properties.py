@@ -34,6 +34,7 @@ from services.routing.core.routing_document import (
 )
 from services.runtime.core.state_machine import ApplyContext
 from services.shard.core.commands import (
+    CancelAllOrders,
     CancelOrder,
     Command,
     DedupAnswer,
@@ -397,6 +398,7 @@ STEPS = (
     "place",
     "place",
     "cancel",
+    "cancel_all",
     "matcher",
     "matcher",
     "matcher",
@@ -437,6 +439,13 @@ def _step(world: World, data: st.DataObject, step: str) -> None:
         order_id = data.draw(st.sampled_from(order_ids))
         user = world.orders[order_id].user_id
         world.apply([CancelOrder(correlation(), user, order_id, "", 0)], 1)
+        return
+    if step == "cancel_all":
+        # Any user, known or not, resident or not; every symbol, one, or an unknown one
+        # (from version 3; before, refused MALFORMED and nothing changes).
+        user = data.draw(st.sampled_from((*USERS, UNKNOWN_USER)))
+        symbol = data.draw(st.sampled_from(("", BTC.symbol, "ETH-USDT", "DOGE-USDT")))
+        world.apply([CancelAllOrders(correlation(), user, symbol, 0)], 1)
         return
     if step == "matcher":
         event = world.matcher_event(data)
@@ -523,9 +532,10 @@ def _step(world: World, data: st.DataObject, step: str) -> None:
 
 def run_world(data: st.DataObject, steps: int) -> World:
     world = World()
-    # Either state-machine version: version 2 keeps a tombstone's event sequences (in the
-    # hash and the snapshot, which the second replica restarts from).
-    version = data.draw(st.sampled_from((1, 2)))
+    # Any state-machine version: version 2 keeps a tombstone's event sequences (in the
+    # hash and the snapshot, which the second replica restarts from); version 3 takes
+    # cancel-alls.
+    version = data.draw(st.sampled_from((1, 2, 3)))
     for replica in world.replicas:
         replica.activate_version(version)
     # Users 1-3 start resident (hydrate-ahead); user 4 and the unknown user 5 are

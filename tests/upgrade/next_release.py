@@ -1,6 +1,6 @@
 """The next release, as an upgrade test builds it: this code plus one state-machine version
 more for the shard (`SHARD_VERSION`) and for the matcher (`MATCHER_VERSION`), each one past
-the newest this build implements (3 and 2 today).
+the newest this build implements (4 and 3 today).
 
 Run as `python -m tests.upgrade.next_release <oms subcommand> ...` (a replica restarted
 "on new code"). It implements this build's versions and those, and keeps the older

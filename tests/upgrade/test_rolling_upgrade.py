@@ -79,7 +79,11 @@ async def test_a_shard_rolled_replica_by_replica_switches_version_at_one_positio
     replica_set: Callable[..., ReplicaSet], capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A mesh of its own: `upgrade status` reports every group of the mesh it is asked.
-    replicas = replica_set(3, {"OMS_MESH_ID": f"roll-{os.getpid()}"})
+    # Started at version 1 (as a group made by a release before the newest versions):
+    # the roll goes from there.
+    replicas = replica_set(
+        3, {"OMS_MESH_ID": f"roll-{os.getpid()}", "OMS_SHARD_VERSION_AT_START": "1"}
+    )
     where = ("--etcd", ",".join(replicas.etcd_endpoints), "--mesh-id", replicas.mesh_id)
     group = f"shard/{replicas.shard_id}"
     leader_address = LeaderAddress(

@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 
 from protos.oms.v1 import common_pb2, matcher_pb2, shard_pb2
 from services.shard.core.commands import (
+    CancelAllOrders,
     CancelOrder,
     Command,
     DedupAnswer,
@@ -134,6 +135,9 @@ def decode_command(message: shard_pb2.ShardCommand) -> Command:
         return CancelOrder(
             correlation_id, c.user_id, c.order_id, c.client_order_id, c.routing_epoch
         )
+    if which == "cancel_all":
+        every = message.cancel_all
+        return CancelAllOrders(correlation_id, every.user_id, every.symbol, every.routing_epoch)
     if which == "deposit":
         d = message.deposit
         return Deposit(correlation_id, d.user_id, d.asset, d.amount, d.transfer_id)
@@ -338,6 +342,9 @@ def egress_to_protobuf(
         r.status = _OrderStatus(item.status)
         r.parked = item.parked
         r.routing_epoch = item.routing_epoch
+        if item.cancelled_order_ids:
+            r.cancelled_order_ids.extend(item.cancelled_order_ids)
+        r.already_cancelling = item.already_cancelling
         r.stamp.position = position
         r.stamp.consensus_time_ms = consensus_time_ms
     elif isinstance(item, SubmitToMatcher):
@@ -476,6 +483,11 @@ def command_to_protobuf(command: Command) -> shard_pb2.ShardCommand:
         c.order_id = command.order_id
         c.client_order_id = command.client_order_id
         c.routing_epoch = command.routing_epoch
+    elif isinstance(command, CancelAllOrders):
+        every = message.cancel_all
+        every.user_id = command.user_id
+        every.symbol = command.symbol
+        every.routing_epoch = command.routing_epoch
     elif isinstance(command, Deposit):
         message.deposit.user_id = command.user_id
         message.deposit.asset = command.asset

@@ -44,6 +44,15 @@ class CancelOrder(NamedTuple):
     routing_epoch: int
 
 
+class CancelAllOrders(NamedTuple):
+    """Cancel every open order of the user, or of one symbol ("": every symbol's)."""
+
+    correlation_id: int
+    user_id: int
+    symbol: str
+    routing_epoch: int
+
+
 class Deposit(NamedTuple):
     correlation_id: int
     user_id: int
@@ -187,6 +196,7 @@ class MalformedCommand(NamedTuple):
 Command = (
     PlaceOrder
     | CancelOrder
+    | CancelAllOrders
     | Deposit
     | Withdraw
     | HydrateUser
@@ -204,4 +214,6 @@ Command = (
 )
 
 # Commands a client sends; they get exactly one final ShardResult each.
-ClientCommand = PlaceOrder | CancelOrder | Deposit | Withdraw | SetRiskLimits | UserControl
+ClientCommand = (
+    PlaceOrder | CancelOrder | CancelAllOrders | Deposit | Withdraw | SetRiskLimits | UserControl
+)

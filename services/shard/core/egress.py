@@ -31,6 +31,8 @@ class ShardResult(NamedTuple):
     status: int = 0  # OrderStatus
     parked: bool = False  # waiting for hydration or a DB dedup answer; a final result follows
     routing_epoch: int = 0  # with NOT_OWNER: the epoch the shard decided under
+    cancelled_order_ids: tuple[str, ...] = ()  # an accepted cancel-all's cancels sent
+    already_cancelling: int = 0  # an accepted cancel-all's orders with a cancel in flight
 
 
 class SubmitToMatcher(NamedTuple):

@@ -28,18 +28,25 @@ it cancels. Everything here is decided from logged state, so replicas agree.
 
 from __future__ import annotations
 
-from services.shard.core.commands import CancelOrder, ClientCommand, SetRiskLimits, UserControl
+from services.shard.core.commands import (
+    CancelAllOrders,
+    CancelOrder,
+    ClientCommand,
+    SetRiskLimits,
+    UserControl,
+)
 
 _OPERATOR = (SetRiskLimits, UserControl)
 
 
 def reserve_shares(command: ClientCommand) -> int:
     """How many reserve shares `command` may use: 0 for places and transfers, 1 for a
-    cancel, 2 for an operator's command (the second share is the operator's alone)."""
+    cancel or a cancel-all, 2 for an operator's command (the second share is the
+    operator's alone)."""
     kind = type(command)
     if kind in _OPERATOR:
         return 2
-    return 1 if kind is CancelOrder else 0
+    return 1 if kind is CancelOrder or kind is CancelAllOrders else 0
 
 
 def mailbox_full(

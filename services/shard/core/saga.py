@@ -22,7 +22,13 @@ amount, which already includes the fee.
 from __future__ import annotations
 
 from services.shard.core.actor import QUARANTINED, DedupWait, UserActor
-from services.shard.core.commands import CancelOrder, ClientCommand, DedupAnswer, PlaceOrder
+from services.shard.core.commands import (
+    CancelAllOrders,
+    CancelOrder,
+    ClientCommand,
+    DedupAnswer,
+    PlaceOrder,
+)
 from services.shard.core.dedup import Recent, as_recent, remember, within_horizon
 from services.shard.core.egress import (
     CancelToMatcher,
@@ -445,6 +451,44 @@ class OrderSaga:
             ShardResult(correlation_id, True, 0, 0, False, False, order.order_id, order.status)
         )
 
+    def cancel_all(
+        self, actor: UserActor, command: CancelAllOrders, now_ms: int, out: list[Egress]
+    ) -> None:
+        """Every live order of the user (of `command.symbol`, if set) gets its cancel, as
+        `cancel` sends one, in the order the orders were placed (their user sequence: the
+        same on every replica, whatever order a snapshot restored them in)."""
+        state = self.state
+        correlation_id = command.correlation_id
+        if actor.health:
+            out.append(refused(correlation_id, _USER_HALTED, actor.health == QUARANTINED))
+            return
+        symbol = command.symbol
+        chosen = sorted(
+            (order for order in actor.orders.values() if not symbol or order.symbol == symbol),
+            key=_user_seq,
+        )
+        sent: list[str] = []
+        already = 0
+        for order in chosen:
+            if order.cancel_in_flight:
+                already += 1
+                continue
+            order.cancel_in_flight = True
+            state.pending_cancels[order.order_id] = actor.user_id
+            state.counters.cancels_accepted += 1
+            out.append(CancelToMatcher(order.matcher_group, order.order_id, actor.user_id))
+            sent.append(order.order_id)
+        if sent:
+            state.touch(actor, now_ms)
+        out.append(
+            ShardResult(
+                correlation_id,
+                True,
+                cancelled_order_ids=tuple(sent),
+                already_cancelling=already,
+            )
+        )
+
     def _missing_reason(self, actor: UserActor, command: CancelOrder) -> int:
         """NOT_CANCELLABLE for an order that existed and ended, else NOT_FOUND."""
         if command.order_id:
@@ -455,3 +499,9 @@ class OrderSaga:
         if command.client_order_id in actor.recent:
             return _NOT_CANCELLABLE
         return _NOT_FOUND
+
+
+def _user_seq(order: OpenOrder) -> int:
+    parsed = parse_order_id(order.order_id)
+    assert parsed is not None  # the shard made it
+    return parsed[2]

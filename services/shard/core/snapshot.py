@@ -29,6 +29,7 @@ from services.shard.core.actor import (
     UserActor,
 )
 from services.shard.core.commands import (
+    CancelAllOrders,
     CancelOrder,
     ClientCommand,
     Deposit,
@@ -101,6 +102,7 @@ def item_from_plain(data: tuple[Any, ...]) -> ParkedItem:
 _TAGS: dict[type, str] = {
     PlaceOrder: "place",
     CancelOrder: "cancel",
+    CancelAllOrders: "cancel_all",
     Deposit: "deposit",
     Withdraw: "withdraw",
     UserControl: "control",

@@ -16,8 +16,13 @@ longer an impossible state raised as a risk alert (`reconcile.py`). Found by
 `oms sim` (seeds 195 and 508 of a 1,000-seed run): a report delayed while the user's
 order was cancelled and the user moved away alerted a person for nothing. The
 tombstones' sequences are in the state hash and in the snapshot (layout 8).
+
+Version 3: `CancelAllOrders` (the `cancel_all` command) cancels every live order of a
+user, or of one symbol, in one command (`OrderSaga.cancel_all`). Before it, the command
+is refused MALFORMED, as a build that does not know it refuses it. Nothing in the state
+hash or the snapshot changes.
 """
 
 from __future__ import annotations
 
-IMPLEMENTED_VERSIONS: frozenset[int] = frozenset({1, 2})
+IMPLEMENTED_VERSIONS: frozenset[int] = frozenset({1, 2, 3})
