@@ -16,11 +16,16 @@ retry rules of gateway.proto:
   stream, the old one abandoned.
 Re-sends back off (50 ms doubling to 1 s) while answers are refusals. `stop`
 ends new orders; `drain` waits until every order has a final answer.
+
+With `cancel_all_every` (ticks), each user also sends a `CancelAllOrders` that often,
+retried by the same rules until it has a final answer (`LoadUser.cancel_all_acks`):
+what `check_cancelled_all` holds the mesh to afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections import Counter, deque
@@ -29,11 +34,12 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from gateway.client import OmsClient
 from gateway.signed_channel import wall_clock_ms
 from gateway.signing import signed_metadata
 from protos.oms.v1 import common_pb2, gateway_pb2
 from services.clients.channels import mesh_channel
-from tests.gateway.accounts import BTC, PRICE, Account
+from tests.gateway.accounts import BTC, PRICE, Account, eventually
 
 TRADE_METHOD = "/oms.v1.OrderGateway/Trade"
 ANSWER_MARGIN_S = 1.0  # scheduling on a loaded 2-core machine, beyond the gateway's deadline
@@ -45,6 +51,8 @@ RETRYABLE_ERRORS = (
     gateway_pb2.GATEWAY_ERROR_REASON_TIMEOUT,
 )
 FUNDS = {"USDT": 10**14, "BTC": 10**12}
+LOOKUPS_AT_ONCE = 64  # order lookups in flight at once, per user
+CANCELLED_OR_FILLED = (common_pb2.ORDER_STATUS_CANCELLED, common_pb2.ORDER_STATUS_FILLED)
 
 
 @dataclass
@@ -61,6 +69,9 @@ class LoadUser:
     acks: dict[str, gateway_pb2.OrderAck] = field(default_factory=dict)  # final answers
     to_send: deque[str] = field(default_factory=deque)
     sequence: int = 0
+    cancel_alls: dict[str, gateway_pb2.CancelAllOrdersRequest] = field(default_factory=dict)
+    cancel_all_acks: dict[str, gateway_pb2.CancelAllAck] = field(default_factory=dict)
+    ticks: int = 0
     pause_s: float = RETRY_PAUSE_S
     send_after: float = 0.0  # re-sends wait until then (monotonic)
 
@@ -80,9 +91,14 @@ class LoadUser:
             )
             self.to_send.append(client_order_id)
 
+    def new_cancel_all(self) -> None:
+        key = f"cancel-all-{len(self.cancel_alls) + 1}"
+        self.cancel_alls[key] = gateway_pb2.CancelAllOrdersRequest(user_id=self.account.user_id)
+        self.to_send.append(key)
+
     @property
     def unfinished(self) -> int:
-        return len(self.orders) - len(self.acks)
+        return len(self.orders) - len(self.acks) + len(self.cancel_alls) - len(self.cancel_all_acks)
 
 
 @dataclass
@@ -92,6 +108,7 @@ class StreamLoad:
     deadline_s: float  # the gateway's documented request deadline
     batch: int = 5
     interval_s: float = 0.1
+    cancel_all_every: int = 0  # ticks between a user's cancel-alls (0: none)
     answers: Counter[str] = field(default_factory=Counter)
     late: int = 0  # requests with no answer within deadline + margin on a live stream
     slowest_answer_s: float = 0.0
@@ -224,6 +241,10 @@ class StreamLoad:
                     next_tick = now + self.interval_s
                     if not self.stop.is_set():
                         user.new_orders(self.batch)
+                        user.ticks += 1
+                        every = self.cancel_all_every
+                        if every and user.ticks % every == 0:
+                            user.new_cancel_all()
                     if user.to_send and now >= user.send_after:
                         self._send(user, outgoing, outstanding, ids, now)
                 await asyncio.sleep(min(0.01, max(0.0, next_tick - time.monotonic())))
@@ -253,11 +274,15 @@ class StreamLoad:
         batch = gateway_pb2.TradeRequestBatch()
         while user.to_send and len(batch.requests) < MAX_SEND:
             client_order_id = user.to_send.popleft()
-            if client_order_id in user.acks:
+            if client_order_id in user.acks or client_order_id in user.cancel_all_acks:
                 continue
             request_id = next(ids)
             request = batch.requests.add(request_id=request_id)
-            request.place.CopyFrom(user.orders[client_order_id])
+            cancel_all = user.cancel_alls.get(client_order_id)
+            if cancel_all is not None:
+                request.cancel_all.CopyFrom(cancel_all)
+            else:
+                request.place.CopyFrom(user.orders[client_order_id])
             outstanding[request_id] = _Sent(client_order_id, now)
         if batch.requests:
             outgoing.put_nowait(batch)
@@ -278,7 +303,17 @@ class StreamLoad:
             self.answers["duplicate" if ack.duplicate else "accepted"] += 1
             user.pause_s = RETRY_PAUSE_S
             return
-        if kind == "place":
+        if kind == "cancel_all" and not response.cancel_all.retryable:
+            every = response.cancel_all
+            if client_order_id not in user.cancel_alls:
+                raise AssertionError(f"a cancel-all answer to {client_order_id}: {every}")
+            if not every.accepted:
+                raise AssertionError(f"{client_order_id} refused for good: {every}")
+            user.cancel_all_acks.setdefault(client_order_id, every)
+            self.answers["cancel-all accepted"] += 1
+            user.pause_s = RETRY_PAUSE_S
+            return
+        if kind in ("place", "cancel_all"):
             self.answers["retryable ack"] += 1
         elif kind == "error" and response.error.reason in RETRYABLE_ERRORS:
             self.answers[gateway_pb2.GatewayErrorReason.Name(response.error.reason)] += 1
@@ -289,3 +324,54 @@ class StreamLoad:
         user.to_send.append(client_order_id)
         user.send_after = now + user.pause_s
         user.pause_s = min(user.pause_s * 2, MAX_RETRY_PAUSE_S)
+
+
+async def check_cancelled_all(address: str, load: StreamLoad) -> int:
+    """Nothing rests that its owner cancelled: once the load is drained, no order a
+    user's shard accepted before the user's last accepted cancel-all is still open, and
+    every order a cancel-all listed ended CANCELLED or FILLED. The accepted cancel-alls."""
+    checked = 0
+    for user in load.users:
+        acks = list(user.cancel_all_acks.values())
+        if not acks:
+            continue
+        checked += len(acks)
+        last_position = max(ack.stamp.position for ack in acks)
+        async with user.account.client(address) as client:
+            # A place's ack stamp is where its shard accepted it (a duplicate's is later:
+            # such an order is not held to the cancel-all, a weaker check, never a false one).
+            placed_at = {ack.order_id: ack.stamp.position for ack in user.acks.values()}
+
+            # The last cancels may still be on their way when the last answer came.
+            await eventually(
+                functools.partial(_cancelled_yet_open, client, placed_at, last_position),
+                lambda still_open: not still_open,
+            )
+            listed = sorted({order_id for ack in acks for order_id in ack.cancelled_order_ids})
+            for start in range(0, len(listed), LOOKUPS_AT_ONCE):
+                await asyncio.gather(
+                    *(
+                        _ended_cancelled_or_filled(client, order_id)
+                        for order_id in listed[start : start + LOOKUPS_AT_ONCE]
+                    )
+                )
+    return checked
+
+
+async def _cancelled_yet_open(
+    client: OmsClient, placed_at: dict[str, int], cancelled_at: int
+) -> list[str]:
+    """Open orders placed before the log position of a cancel-all."""
+    return [
+        order.order_id
+        for order in await client.open_orders()
+        if placed_at.get(order.order_id, cancelled_at) < cancelled_at
+    ]
+
+
+async def _ended_cancelled_or_filled(client: OmsClient, order_id: str) -> None:
+    view = await eventually(
+        functools.partial(client.get_order, order_id=order_id),
+        lambda view: view.status in CANCELLED_OR_FILLED,
+    )
+    assert view.order_id == order_id

@@ -3,9 +3,12 @@
 A Trade-stream load (tests/e2e/stream_load.py: a stream per user, half buying and half
 selling one symbol at one price, batches, hundreds of orders a second, every request
 re-sent with the same client order id when its answer says so or when none comes in
-time) runs while mesh processes are killed with SIGKILL and restarted. Afterwards,
-from the public API alone (`audit_after_load`):
+time; each user cancels all its orders once a second) runs while mesh processes are
+killed with SIGKILL and restarted. Afterwards, from the public API alone
+(`audit_after_load`):
 - every request got an answer within the gateway's documented deadline;
+- nothing rests that its owner cancelled: no order accepted before a user's last
+  cancel-all is open, and every order a cancel-all listed ended CANCELLED or FILLED;
 - every accepted order is found by GetOrder through its client order id, with the
   id and status its lookup by order id gives (checked for every fourth order: the
   two differ only in the WHERE clause, and each lookup is three calls), and is final
@@ -31,7 +34,7 @@ from protos.oms.v1 import gateway_pb2, shard_pb2
 from services.clients.shard_link import DEFAULT_MAX_QUEUED
 from tests.e2e.account_audit import FINAL, audit_account
 from tests.e2e.invariants import check_full_mesh
-from tests.e2e.stream_load import ANSWER_MARGIN_S, FUNDS, StreamLoad
+from tests.e2e.stream_load import ANSWER_MARGIN_S, FUNDS, StreamLoad, check_cancelled_all
 from tests.full_mesh import FullMesh, gateway_counters
 from tests.gateway.accounts import eventually, open_account
 from tests.service_process import ServiceProcess
@@ -46,6 +49,7 @@ AFTER_RESTART_S = 5.0  # the mesh takes orders again this soon after a restart
 SHARD_KILLS = 4
 BETWEEN_SHARD_KILLS = 1_500  # about 3 s of the load
 LOOKUPS_AT_ONCE = 64
+CANCEL_ALL_EVERY = 10  # ticks: each user cancels all its orders once a second
 
 
 async def _loaded_mesh(new_mesh: NewMesh) -> tuple[FullMesh, StreamLoad]:
@@ -54,7 +58,13 @@ async def _loaded_mesh(new_mesh: NewMesh) -> tuple[FullMesh, StreamLoad]:
         accounts = [
             await open_account(admin, FUNDS, tier=shard_pb2.USER_TIER_WHALE) for _ in range(USERS)
         ]
-    load = StreamLoad.of(mesh.gateway.address, accounts, deadline_s=DEADLINE_S, batch=BATCH)
+    load = StreamLoad.of(
+        mesh.gateway.address,
+        accounts,
+        deadline_s=DEADLINE_S,
+        batch=BATCH,
+        cancel_all_every=CANCEL_ALL_EVERY,
+    )
     return mesh, load
 
 
@@ -156,6 +166,9 @@ def _check_answers_in_time(load: StreamLoad) -> None:
 
 
 async def audit_after_load(mesh: FullMesh, load: StreamLoad) -> None:
+    if load.cancel_all_every:
+        # Before the audit cancels whatever is left: what the users' cancel-alls did.
+        assert await check_cancelled_all(mesh.gateway.address, load) > 0
     order_ids = await audit_accounts(mesh.gateway.address, load)
     await check_full_mesh(mesh, order_ids)
 
