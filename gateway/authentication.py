@@ -46,6 +46,7 @@ TRADING_METHODS = frozenset(
         f"{ORDER_SERVICE_PREFIX}PlaceOrder",
         f"{ORDER_SERVICE_PREFIX}CancelOrder",
         f"{ORDER_SERVICE_PREFIX}CancelAllOrders",
+        f"{ORDER_SERVICE_PREFIX}CancelAllAfter",
         f"{ORDER_SERVICE_PREFIX}Trade",
     }
 )

@@ -156,6 +156,15 @@ class OmsClient(_SignedClient):
         )
         return ack
 
+    async def cancel_all_after(self, timeout_ms: int) -> gateway_pb2.CancelAllAfterAck:
+        """Arm (or re-arm) this user's dead man's switch: every live order is cancelled
+        `timeout_ms` after the shard logs this, unless called again first; 0 disarms."""
+        request = gateway_pb2.CancelAllAfterRequest(user_id=self.user_id, timeout_ms=timeout_ms)
+        ack: gateway_pb2.CancelAllAfterAck = await self._signed.unary(
+            ORDER_SERVICE + "CancelAllAfter", request, gateway_pb2.CancelAllAfterAck
+        )
+        return ack
+
     # --- queries --------------------------------------------------------------------------
 
     async def get_order(

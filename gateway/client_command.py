@@ -130,6 +130,14 @@ def register(subparsers: Any) -> None:
     cancel_all.add_argument("--symbol", default="", help="only this symbol's orders")
     cancel_all.set_defaults(handler=run_cancel_all)
 
+    switch = actions.add_parser(
+        "cancel-all-after",
+        help="arm a dead man's switch: every open order cancelled after TIMEOUT_MS unless"
+        " called again; 0 disarms",
+    )
+    switch.add_argument("timeout_ms", type=int, help="0, or 1000 to 86400000")
+    switch.set_defaults(handler=run_cancel_all_after)
+
     orders = actions.add_parser("orders", help="list open orders")
     orders.add_argument("--symbol", default="")
     orders.set_defaults(handler=run_orders)
@@ -297,6 +305,25 @@ def run_cancel_all(arguments: argparse.Namespace) -> int:
             f"{len(ack.cancelled_order_ids)} cancels sent,"
             f" {ack.already_cancelling} already on their way"
         )
+        return 0
+
+    return _run(arguments, action)
+
+
+def run_cancel_all_after(arguments: argparse.Namespace) -> int:
+    async def action(client: OmsClient) -> int:
+        ack = await client.cancel_all_after(arguments.timeout_ms)
+        if not ack.accepted:
+            reason = _name(shard_pb2.ShardRejectReason, ack.reject_reason, "SHARD_REJECT_REASON_")
+            print(f"cancel-all-after refused: {reason}")
+            return 1
+        if ack.cancel_all_at_ms:
+            print(
+                f"armed: every open order is cancelled at {ack.cancel_all_at_ms} ms"
+                " (the shard's consensus time) unless armed again before"
+            )
+        else:
+            print("disarmed")
         return 0
 
     return _run(arguments, action)

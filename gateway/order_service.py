@@ -21,6 +21,8 @@ from gateway.authentication import caller
 from gateway.core.acks import (
     cancel_ack,
     cancel_all_ack,
+    cancel_all_after_ack,
+    cancel_all_after_command,
     cancel_all_command,
     cancel_command,
     order_ack,
@@ -140,6 +142,13 @@ class OrderService:
         self.validator.symbol_filter(request.symbol)
         return await self.cancel_all(request)
 
+    async def cancel_all_after(
+        self, request: gateway_pb2.CancelAllAfterRequest, context: Context
+    ) -> gateway_pb2.CancelAllAfterAck:
+        # The timeout's range is the shard's to decide: INVALID_TIMEOUT in the ack.
+        result = await self.router.execute(request.user_id, cancel_all_after_command(request))
+        return cancel_all_after_ack(result)
+
     async def get_order(
         self, request: gateway_pb2.GetOrderRequest, context: Context
     ) -> gateway_pb2.OrderView:
@@ -218,6 +227,9 @@ class OrderService:
             "CancelOrder": call(self.cancel_order, g.CancelOrderRequest, g.CancelAck),
             "CancelAllOrders": call(
                 self.cancel_all_orders, g.CancelAllOrdersRequest, g.CancelAllAck
+            ),
+            "CancelAllAfter": call(
+                self.cancel_all_after, g.CancelAllAfterRequest, g.CancelAllAfterAck
             ),
             "GetOrder": call(self.get_order, g.GetOrderRequest, g.OrderView),
             "GetOpenOrders": call(self.get_open_orders, g.GetOpenOrdersRequest, g.OpenOrders),

@@ -41,6 +41,15 @@ def cancel_all_command(request: gateway_pb2.CancelAllOrdersRequest) -> shard_pb2
     return command
 
 
+def cancel_all_after_command(
+    request: gateway_pb2.CancelAllAfterRequest,
+) -> shard_pb2.ShardCommand:
+    command = shard_pb2.ShardCommand()
+    command.cancel_all_after.user_id = request.user_id
+    command.cancel_all_after.timeout_ms = request.timeout_ms
+    return command
+
+
 def transfer_command(
     request: gateway_pb2.TransferRequest, *, deposit: bool
 ) -> shard_pb2.ShardCommand:
@@ -83,6 +92,17 @@ def cancel_all_ack(result: shard_pb2.ShardResult) -> gateway_pb2.CancelAllAck:
         accepted=result.accepted,
         cancelled_order_ids=result.cancelled_order_ids,
         already_cancelling=result.already_cancelling,
+        reject_reason=result.reject_reason,
+        retryable=result.retryable or result.reject_reason in RETRYABLE_REASONS,
+    )
+    ack.stamp.CopyFrom(result.stamp)
+    return ack
+
+
+def cancel_all_after_ack(result: shard_pb2.ShardResult) -> gateway_pb2.CancelAllAfterAck:
+    ack = gateway_pb2.CancelAllAfterAck(
+        accepted=result.accepted,
+        cancel_all_at_ms=result.cancel_all_at_ms,
         reject_reason=result.reject_reason,
         retryable=result.retryable or result.reject_reason in RETRYABLE_REASONS,
     )

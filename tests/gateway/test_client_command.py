@@ -71,7 +71,7 @@ def test_place_list_cancel_and_balances_from_the_command_line(
     assert (code, err.strip()) == (1, "refused: BAD_SIGNATURE: signature does not match")
 
 
-def test_cancel_all_from_the_command_line(
+def test_cancel_all_and_its_dead_mans_switch_from_the_command_line(
     shared_mesh: FullMesh, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     account = new_account(shared_mesh, {"USDT": 10_000_000_000})
@@ -95,6 +95,13 @@ def test_cancel_all_from_the_command_line(
     ), out
     code, _, err = oms_client(capsys, "cancel-all", "--symbol", "DOGE-USDT")
     assert code == 1 and err.startswith("refused: UNKNOWN_SYMBOL"), err
+    # The dead man's switch: armed, disarmed, refused.
+    code, out, _ = oms_client(capsys, "cancel-all-after", "60000")
+    assert code == 0 and out.startswith("armed: every open order is cancelled at "), out
+    code, out, _ = oms_client(capsys, "cancel-all-after", "0")
+    assert (code, out.strip()) == (0, "disarmed")
+    code, out, _ = oms_client(capsys, "cancel-all-after", "5")
+    assert (code, out.strip()) == (1, "cancel-all-after refused: INVALID_TIMEOUT")
 
 
 def test_missing_credentials_are_a_usage_error(

@@ -1,4 +1,5 @@
-"""`CancelAllOrders`: every live order of a user, or of one symbol, cancelled in one command.
+"""`CancelAllOrders`: every live order of a user, or of one symbol, cancelled in one command;
+`CancelAllAfter`: the same, done by the shard's timer unless armed again in time.
 
 From state-machine version 3: each live order without a cancel in flight gets its
 cancel sent to its matcher group exactly as a single cancel sends it, in the order the
@@ -9,9 +10,10 @@ build that does not know it decides.
 
 from __future__ import annotations
 
+from services.shard.core import snapshot as snapshot_module
 from services.shard.core.codec import decode_command_batch, encode_command_batch
-from services.shard.core.commands import CancelAllOrders, UserControl
-from services.shard.core.egress import CancelToMatcher, OrderUpdate, ShardResult
+from services.shard.core.commands import CancelAllAfter, CancelAllOrders, UserControl
+from services.shard.core.egress import BeginDehydrate, CancelToMatcher, OrderUpdate, ShardResult
 from services.shard.core.vocabulary import (
     SELL,
     EventKind,
@@ -19,7 +21,7 @@ from services.shard.core.vocabulary import (
     RejectReason,
     UserControlAction,
 )
-from tests.shard.support import SHARD, ShardDriver, of_type, only, results
+from tests.shard.support import SHARD, TTL_MS, ShardDriver, of_type, only, results
 
 
 def driver_at(version: int) -> ShardDriver:
@@ -168,3 +170,102 @@ def test_an_order_that_fills_while_its_cancel_is_in_flight_settles_as_filled() -
     assert [u.status for u in of_type(out, OrderUpdate)] == [OrderStatus.FILLED]
     assert not driver.machine.state.actors[7].orders
     assert driver.machine.statistics().in_flight_cancels == 0
+
+
+# --- the dead man's switch -----------------------------------------------------------
+
+
+def switch(driver: ShardDriver, user_id: int, timeout_ms: int) -> CancelAllAfter:
+    return CancelAllAfter(driver.next_correlation(), user_id, timeout_ms, 0)
+
+
+def test_an_armed_switch_fires_on_consensus_time_unless_armed_again_and_then_disarms() -> None:
+    driver = driver_at(3)
+    driver.resident(7, USDT=100_000)
+    first = driver.accepted_order(7, "a")
+    out = driver.run(switch(driver, 7, 5_000))
+    result = only(out, ShardResult)
+    assert result.accepted and result.cancel_all_at_ms == driver.now + 5_000
+    armed_hash = driver.machine.state_hash()
+    assert not driver.machine.state.actors[7].is_flat()
+    # Re-armed before it fires: it moves on.
+    driver.tick(advance_ms=4_000)
+    again = only(driver.run(switch(driver, 7, 5_000)), ShardResult)
+    assert again.cancel_all_at_ms == driver.now + 5_000
+    assert of_type(driver.tick(advance_ms=4_999), CancelToMatcher) == []
+    second = driver.accepted_order(7, "b", symbol="ETH-USDT")
+    fired = driver.tick(advance_ms=1)
+    assert of_type(fired, CancelToMatcher) == [
+        CancelToMatcher("g1", first, 7),
+        CancelToMatcher("g2", second, 7),
+    ]
+    assert of_type(fired, ShardResult) == []  # nobody asked: order updates tell
+    actor = driver.machine.state.actors[7]
+    assert actor.cancel_all_at_ms == 0 and not driver.machine.state.switches
+    assert driver.machine.state_hash() != armed_hash
+    assert of_type(driver.tick(advance_ms=10_000), CancelToMatcher) == []  # once only
+
+
+def test_zero_disarms_and_the_timeout_is_bounded() -> None:
+    driver = driver_at(3)
+    driver.resident(7, USDT=100_000)
+    driver.accepted_order(7, "a")
+    driver.run(switch(driver, 7, 2_000))
+    off = only(driver.run(switch(driver, 7, 0)), ShardResult)
+    assert off.accepted and off.cancel_all_at_ms == 0
+    assert of_type(driver.tick(advance_ms=3_000), CancelToMatcher) == []
+    assert driver.machine.state.actors[7].cancel_all_at_ms == 0
+    assert not driver.machine.state.switches
+    for timeout_ms in (1, 999, 86_400_001):
+        before = driver.machine.state_hash()
+        out = driver.run(switch(driver, 7, timeout_ms))
+        assert [r.reject_reason for r in results(out)] == [RejectReason.INVALID_TIMEOUT]
+        assert driver.machine.state_hash() == before
+
+
+def test_an_armed_user_is_never_evicted_and_the_switch_survives_a_snapshot() -> None:
+    driver = driver_at(3)
+    driver.resident(7, USDT=100_000)
+    driver.run(switch(driver, 7, 600_000))
+    # Far past the idle time: swept, an armed user is not flat, so not evicted.
+    out = driver.tick(advance_ms=5 * TTL_MS)
+    assert of_type(out, BeginDehydrate) == []
+    assert 7 in driver.machine.state.actors
+    restored = ShardDriver()
+    restored.machine.restore(driver.machine.snapshot())
+    assert restored.machine.state_hash() == driver.machine.state_hash()
+    assert restored.machine.state.switches == driver.machine.state.switches
+    restored.now = driver.now
+    order = restored.accepted_order(7, "late")
+    fired = restored.tick(advance_ms=600_000 - 5 * TTL_MS)
+    assert [c.order_id for c in of_type(fired, CancelToMatcher)] == [order]
+    # Fired and its order cancelled, the user is flat: evicted as any other.
+    restored.run(
+        restored.events(
+            "g1", restored.event("g1", EventKind.CANCELLED, order, 7, remaining_lots=1, reason=1)
+        )
+    )
+    assert restored.machine.state.actors[7].is_flat()
+
+
+def test_an_unarmed_actor_keeps_its_plain_data_so_older_hashes_hold() -> None:
+    driver = driver_at(3)
+    driver.resident(7, USDT=100_000)
+    plain_before = snapshot_module.actor_plain(driver.machine.state.actors[7])
+    driver.run(switch(driver, 7, 5_000))
+    armed = snapshot_module.actor_plain(driver.machine.state.actors[7])
+    assert len(armed) == len(plain_before) + 1
+    driver.run(switch(driver, 7, 0))
+    assert len(snapshot_module.actor_plain(driver.machine.state.actors[7])) == len(plain_before)
+
+
+def test_before_version_3_cancel_all_after_is_refused_malformed() -> None:
+    driver = driver_at(2)
+    driver.resident(7, USDT=100_000)
+    before = driver.machine.state_hash()
+    command = switch(driver, 7, 5_000)
+    assert results(driver.run(command)) == [
+        ShardResult(command.correlation_id, False, RejectReason.MALFORMED)
+    ]
+    assert driver.machine.state_hash() == before
+    assert decode_command_batch(encode_command_batch([command])) == [command]

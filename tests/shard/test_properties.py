@@ -34,6 +34,7 @@ from services.routing.core.routing_document import (
 )
 from services.runtime.core.state_machine import ApplyContext
 from services.shard.core.commands import (
+    CancelAllAfter,
     CancelAllOrders,
     CancelOrder,
     Command,
@@ -399,6 +400,7 @@ STEPS = (
     "place",
     "cancel",
     "cancel_all",
+    "switch",
     "matcher",
     "matcher",
     "matcher",
@@ -446,6 +448,13 @@ def _step(world: World, data: st.DataObject, step: str) -> None:
         user = data.draw(st.sampled_from((*USERS, UNKNOWN_USER)))
         symbol = data.draw(st.sampled_from(("", BTC.symbol, "ETH-USDT", "DOGE-USDT")))
         world.apply([CancelAllOrders(correlation(), user, symbol, 0)], 1)
+        return
+    if step == "switch":
+        # A dead man's switch armed, re-armed, disarmed or refused (a timeout out of
+        # range); the ticks fire it (from version 3; before, refused MALFORMED).
+        user = data.draw(st.sampled_from((*USERS, UNKNOWN_USER)))
+        timeout_ms = data.draw(st.sampled_from((0, 1, 1_000, TTL // 2, TTL * 2)))
+        world.apply([CancelAllAfter(correlation(), user, timeout_ms, 0)], 1)
         return
     if step == "matcher":
         event = world.matcher_event(data)

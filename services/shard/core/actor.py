@@ -87,6 +87,7 @@ class UserActor:
     __slots__ = (
         "balances",
         "bucket",
+        "cancel_all_at_ms",
         "control_version",
         "db_version",
         "dedup_wait",
@@ -147,12 +148,21 @@ class UserActor:
         # Matcher group -> sequence of the last event of this user's orders applied: a
         # reconcile report as-of an earlier sequence no longer describes this user.
         self.event_sequences: dict[str, int] = {}
+        # A dead man's switch armed (`CancelAllAfter`, version 3): at this consensus time
+        # every live order is cancelled unless it is armed again or disarmed (0: none).
+        self.cancel_all_at_ms = 0
         self.digest = 0  # this actor's term in the shard's set-hash
         self.dirty = False
 
     def is_flat(self) -> bool:
-        """No resting order, no saga in flight, no reservation, nothing parked."""
-        return not self.orders and not self.reservations and self.dedup_wait is None
+        """No resting order, no saga in flight, no reservation, nothing parked, no dead
+        man's switch armed (its timer runs in this shard only)."""
+        return (
+            not self.orders
+            and not self.reservations
+            and self.dedup_wait is None
+            and not self.cancel_all_at_ms
+        )
 
     def move_to(self, lifecycle: int) -> None:
         if lifecycle not in LIFECYCLE_TRANSITIONS[self.lifecycle]:

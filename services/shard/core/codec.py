@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 
 from protos.oms.v1 import common_pb2, matcher_pb2, shard_pb2
 from services.shard.core.commands import (
+    CancelAllAfter,
     CancelAllOrders,
     CancelOrder,
     Command,
@@ -138,6 +139,11 @@ def decode_command(message: shard_pb2.ShardCommand) -> Command:
     if which == "cancel_all":
         every = message.cancel_all
         return CancelAllOrders(correlation_id, every.user_id, every.symbol, every.routing_epoch)
+    if which == "cancel_all_after":
+        switch = message.cancel_all_after
+        return CancelAllAfter(
+            correlation_id, switch.user_id, switch.timeout_ms, switch.routing_epoch
+        )
     if which == "deposit":
         d = message.deposit
         return Deposit(correlation_id, d.user_id, d.asset, d.amount, d.transfer_id)
@@ -345,6 +351,7 @@ def egress_to_protobuf(
         if item.cancelled_order_ids:
             r.cancelled_order_ids.extend(item.cancelled_order_ids)
         r.already_cancelling = item.already_cancelling
+        r.cancel_all_at_ms = item.cancel_all_at_ms
         r.stamp.position = position
         r.stamp.consensus_time_ms = consensus_time_ms
     elif isinstance(item, SubmitToMatcher):
@@ -488,6 +495,11 @@ def command_to_protobuf(command: Command) -> shard_pb2.ShardCommand:
         every.user_id = command.user_id
         every.symbol = command.symbol
         every.routing_epoch = command.routing_epoch
+    elif isinstance(command, CancelAllAfter):
+        switch = message.cancel_all_after
+        switch.user_id = command.user_id
+        switch.timeout_ms = command.timeout_ms
+        switch.routing_epoch = command.routing_epoch
     elif isinstance(command, Deposit):
         message.deposit.user_id = command.user_id
         message.deposit.asset = command.asset

@@ -53,6 +53,16 @@ class CancelAllOrders(NamedTuple):
     routing_epoch: int
 
 
+class CancelAllAfter(NamedTuple):
+    """A dead man's switch: cancel every live order `timeout_ms` of consensus time from
+    now unless called again first; 0 disarms it."""
+
+    correlation_id: int
+    user_id: int
+    timeout_ms: int
+    routing_epoch: int
+
+
 class Deposit(NamedTuple):
     correlation_id: int
     user_id: int
@@ -197,6 +207,7 @@ Command = (
     PlaceOrder
     | CancelOrder
     | CancelAllOrders
+    | CancelAllAfter
     | Deposit
     | Withdraw
     | HydrateUser
@@ -215,5 +226,12 @@ Command = (
 
 # Commands a client sends; they get exactly one final ShardResult each.
 ClientCommand = (
-    PlaceOrder | CancelOrder | CancelAllOrders | Deposit | Withdraw | SetRiskLimits | UserControl
+    PlaceOrder
+    | CancelOrder
+    | CancelAllOrders
+    | CancelAllAfter
+    | Deposit
+    | Withdraw
+    | SetRiskLimits
+    | UserControl
 )

@@ -33,6 +33,7 @@ class ShardResult(NamedTuple):
     routing_epoch: int = 0  # with NOT_OWNER: the epoch the shard decided under
     cancelled_order_ids: tuple[str, ...] = ()  # an accepted cancel-all's cancels sent
     already_cancelling: int = 0  # an accepted cancel-all's orders with a cancel in flight
+    cancel_all_at_ms: int = 0  # an accepted cancel-all-after's switch time (0: disarmed)
 
 
 class SubmitToMatcher(NamedTuple):

@@ -29,6 +29,7 @@ it cancels. Everything here is decided from logged state, so replicas agree.
 from __future__ import annotations
 
 from services.shard.core.commands import (
+    CancelAllAfter,
     CancelAllOrders,
     CancelOrder,
     ClientCommand,
@@ -37,16 +38,17 @@ from services.shard.core.commands import (
 )
 
 _OPERATOR = (SetRiskLimits, UserControl)
+_CANCELS = (CancelOrder, CancelAllOrders, CancelAllAfter)
 
 
 def reserve_shares(command: ClientCommand) -> int:
     """How many reserve shares `command` may use: 0 for places and transfers, 1 for a
-    cancel or a cancel-all, 2 for an operator's command (the second share is the
-    operator's alone)."""
+    cancel, a cancel-all or a dead man's switch, 2 for an operator's command (the second
+    share is the operator's alone)."""
     kind = type(command)
     if kind in _OPERATOR:
         return 2
-    return 1 if kind is CancelOrder or kind is CancelAllOrders else 0
+    return 1 if kind in _CANCELS else 0
 
 
 def mailbox_full(

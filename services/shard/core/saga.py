@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from services.shard.core.actor import QUARANTINED, DedupWait, UserActor
 from services.shard.core.commands import (
+    CancelAllAfter,
     CancelAllOrders,
     CancelOrder,
     ClientCommand,
@@ -455,14 +456,57 @@ class OrderSaga:
         self, actor: UserActor, command: CancelAllOrders, now_ms: int, out: list[Egress]
     ) -> None:
         """Every live order of the user (of `command.symbol`, if set) gets its cancel, as
-        `cancel` sends one, in the order the orders were placed (their user sequence: the
-        same on every replica, whatever order a snapshot restored them in)."""
-        state = self.state
+        `cancel` sends one (`_cancel_live`)."""
         correlation_id = command.correlation_id
         if actor.health:
             out.append(refused(correlation_id, _USER_HALTED, actor.health == QUARANTINED))
             return
-        symbol = command.symbol
+        sent, already = self._cancel_live(actor, command.symbol, now_ms, out)
+        out.append(
+            ShardResult(correlation_id, True, cancelled_order_ids=sent, already_cancelling=already)
+        )
+
+    def cancel_all_after(
+        self, actor: UserActor, command: CancelAllAfter, now_ms: int, out: list[Egress]
+    ) -> None:
+        """Arm (or re-arm) the user's dead man's switch `timeout_ms` from now; 0 disarms.
+        The shard's timer entries fire it (`fire_switches`)."""
+        correlation_id = command.correlation_id
+        if actor.health:
+            out.append(refused(correlation_id, _USER_HALTED, actor.health == QUARANTINED))
+            return
+        state = self.state
+        at_ms = now_ms + command.timeout_ms if command.timeout_ms else 0
+        actor.cancel_all_at_ms = at_ms
+        if at_ms:
+            state.switches[actor.user_id] = at_ms
+        else:
+            state.switches.pop(actor.user_id, None)
+        state.touch(actor, now_ms)
+        out.append(ShardResult(correlation_id, True, cancel_all_at_ms=at_ms))
+
+    def fire_switches(self, now_ms: int, out: list[Egress]) -> None:
+        """Each dead man's switch whose time has come cancels its user's live orders and
+        disarms, earliest first (ties by user id): the same order on every replica."""
+        state = self.state
+        due = sorted(
+            (at_ms, user_id) for user_id, at_ms in state.switches.items() if at_ms <= now_ms
+        )
+        for _, user_id in due:
+            del state.switches[user_id]
+            actor = state.actors[user_id]
+            actor.cancel_all_at_ms = 0
+            state.mark_dirty(actor)
+            self._cancel_live(actor, "", now_ms, out)
+
+    def _cancel_live(
+        self, actor: UserActor, symbol: str, now_ms: int, out: list[Egress]
+    ) -> tuple[tuple[str, ...], int]:
+        """Send a cancel for each live order (of `symbol`, if set) without one in flight,
+        in the order they were placed (their user sequence: the same on every replica,
+        whatever order a snapshot restored them in). The orders sent for, and how many
+        already had a cancel in flight."""
+        state = self.state
         chosen = sorted(
             (order for order in actor.orders.values() if not symbol or order.symbol == symbol),
             key=_user_seq,
@@ -480,14 +524,7 @@ class OrderSaga:
             sent.append(order.order_id)
         if sent:
             state.touch(actor, now_ms)
-        out.append(
-            ShardResult(
-                correlation_id,
-                True,
-                cancelled_order_ids=tuple(sent),
-                already_cancelling=already,
-            )
-        )
+        return tuple(sent), already
 
     def _missing_reason(self, actor: UserActor, command: CancelOrder) -> int:
         """NOT_CANCELLABLE for an order that existed and ended, else NOT_FOUND."""

@@ -41,6 +41,7 @@ from services.shard.core.actor import (
 from services.shard.core.balances import Funding
 from services.shard.core.codec import decode_command_batch
 from services.shard.core.commands import (
+    CancelAllAfter,
     CancelAllOrders,
     CancelOrder,
     ClientCommand,
@@ -82,6 +83,11 @@ from services.shard.core.vocabulary import PENDING, RejectReason, UserControlAct
 _MALFORMED = int(RejectReason.MALFORMED)
 _NOT_OWNER = int(RejectReason.NOT_OWNER)
 _UNKNOWN_SYMBOL = int(RejectReason.UNKNOWN_SYMBOL)
+_INVALID_TIMEOUT = int(RejectReason.INVALID_TIMEOUT)
+# A dead man's switch's timeout: shorter than a failover (about 2 s) fires it by the
+# failover alone; longer than a day is not a dead man's switch.
+MIN_SWITCH_TIMEOUT_MS = 1_000
+MAX_SWITCH_TIMEOUT_MS = 86_400_000
 ClientAction = Callable[[UserActor, Any, int, list[Egress]], None]
 
 
@@ -108,6 +114,7 @@ class ShardMachine:
             PlaceOrder: self.saga.place,
             CancelOrder: self.saga.cancel,
             CancelAllOrders: self.saga.cancel_all,
+            CancelAllAfter: self.saga.cancel_all_after,
             Deposit: self.funding.deposit,
             Withdraw: self.funding.withdraw,
             SetRiskLimits: self.controls.set_risk_limits,
@@ -117,6 +124,7 @@ class ShardMachine:
             PlaceOrder: self._on_place,
             CancelOrder: self._on_cancel,
             CancelAllOrders: self._on_cancel_all,
+            CancelAllAfter: self._on_cancel_all_after,
             Deposit: self._on_transfer,
             Withdraw: self._on_transfer,
             MatcherEvents: self._on_matcher_events,
@@ -170,6 +178,7 @@ class ShardMachine:
         redrive_after = self.settings.redrive_after_ms
         self.hydration.redrive(now, redrive_after, out)
         self.saga.redrive_lookups(now, redrive_after, out)
+        self.saga.fire_switches(now, out)
         self.eviction.sweep(now, out)
         self.eviction.valve(now, out)
         if self.state.leaving:
@@ -272,12 +281,16 @@ class ShardMachine:
                 live_cancels += order.cancel_in_flight
             if (actor.dedup_wait is not None) != (user_id in state.dedup_waits):
                 raise OrderIndexError(f"user {user_id}: dedup wait registry disagrees")
+            if state.switches.get(user_id, 0) != actor.cancel_all_at_ms:
+                raise OrderIndexError(f"user {user_id}: dead man's switch registry disagrees")
             if user_id in state.hydrations:
                 raise OrderIndexError(f"user {user_id} is resident and waiting for hydration")
             for symbol, position in actor.positions.items():
                 holding = user_id in state.holders.get(symbol, {})
                 if holding != bool(position.quantity_lots):
                     raise OrderIndexError(f"user {user_id}: holders index of {symbol} disagrees")
+        if not state.switches.keys() <= state.actors.keys():
+            raise OrderIndexError("a dead man's switch of a user who is not resident")
         if live_submits != len(state.pending_submits) or live_cancels != len(state.pending_cancels):
             raise OrderIndexError("saga registries hold orders no actor has")
         if (dehydrating, quarantined, halted) != (
@@ -412,6 +425,18 @@ class ShardMachine:
             return
         if command.symbol and command.symbol not in self.state.symbols:
             out.append(refused(command.correlation_id, _UNKNOWN_SYMBOL))
+            return
+        self._to_actor(command, now, out)
+
+    def _on_cancel_all_after(self, command: CancelAllAfter, now: int, out: list[Egress]) -> None:
+        if self.state.machine_version < 3:
+            self._on_malformed(MalformedCommand(command.correlation_id, "no command set"), now, out)
+            return
+        if self._not_owner(command, out):
+            return
+        timeout_ms = command.timeout_ms
+        if timeout_ms and not MIN_SWITCH_TIMEOUT_MS <= timeout_ms <= MAX_SWITCH_TIMEOUT_MS:
+            out.append(refused(command.correlation_id, _INVALID_TIMEOUT))
             return
         self._to_actor(command, now, out)
 

@@ -95,6 +95,9 @@ class ShardState:
         # The state-machine version its decisions are made under (`versions.py`).
         self.machine_version = 1
         self.dedup_waits: dict[int, None] = {}  # users with a DB dedup lookup out
+        # Users with a dead man's switch armed -> its consensus time (`cancel_all_at_ms`):
+        # derived from the actors, so neither snapshotted nor hashed on its own.
+        self.switches: dict[int, int] = {}
         self.deferred_reconciles: list[Reconcile] = []
         self.tombstones: OrderedDict[int, int] = OrderedDict()  # evicted user -> db_version
         self.tombstone_sum = 0
@@ -154,6 +157,7 @@ class ShardState:
     def drop_actor(self, actor: UserActor) -> None:
         """Remove an evicted actor: its digest leaves the set-hash now."""
         del self.actors[actor.user_id]
+        self.switches.pop(actor.user_id, None)  # none expected: an armed user is not flat
         for symbol in actor.positions:
             self.holders[symbol].pop(actor.user_id, None)
         self.digest_sum = (self.digest_sum - actor.digest) & _MASK64

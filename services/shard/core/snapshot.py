@@ -29,6 +29,7 @@ from services.shard.core.actor import (
     UserActor,
 )
 from services.shard.core.commands import (
+    CancelAllAfter,
     CancelAllOrders,
     CancelOrder,
     ClientCommand,
@@ -103,6 +104,7 @@ _TAGS: dict[type, str] = {
     PlaceOrder: "place",
     CancelOrder: "cancel",
     CancelAllOrders: "cancel_all",
+    CancelAllAfter: "cancel_all_after",
     Deposit: "deposit",
     Withdraw: "withdraw",
     UserControl: "control",
@@ -166,6 +168,9 @@ def actor_plain(actor: UserActor) -> tuple[Any, ...]:
         actor.trading_halted,
         actor.control_version,
         actor.last_control_id,
+        # Only while armed (never before version 3): an actor without one keeps the plain
+        # data, the digest and the snapshot bytes it had before the switch existed.
+        *((actor.cancel_all_at_ms,) if actor.cancel_all_at_ms else ()),
     )
 
 
@@ -220,6 +225,8 @@ def actor_from_plain(data: tuple[Any, ...]) -> UserActor:
     actor.trading_halted = bool(data[23]) if len(data) > 23 else False  # before version 4
     if len(data) > 24:  # before version 6 no control had a version
         actor.control_version, actor.last_control_id = data[24], data[25]
+    if len(data) > 26:  # a dead man's switch armed
+        actor.cancel_all_at_ms = data[26]
     actor.recency_seq = recency_seq
     actor.failures = list(failures)
     if wait is not None:
@@ -345,6 +352,8 @@ def decode_into(state: ShardState, data: bytes) -> None:
             actor = actor_from_plain(plain)
             state.actors[actor.user_id] = actor
             state.mark_dirty(actor)
+            if actor.cancel_all_at_ms:
+                state.switches[actor.user_id] = actor.cancel_all_at_ms
             if actor.lifecycle == DEHYDRATING:
                 state.dehydrating += 1
             if actor.health == QUARANTINED:

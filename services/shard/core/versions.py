@@ -18,9 +18,12 @@ order was cancelled and the user moved away alerted a person for nothing. The
 tombstones' sequences are in the state hash and in the snapshot (layout 8).
 
 Version 3: `CancelAllOrders` (the `cancel_all` command) cancels every live order of a
-user, or of one symbol, in one command (`OrderSaga.cancel_all`). Before it, the command
-is refused MALFORMED, as a build that does not know it refuses it. Nothing in the state
-hash or the snapshot changes.
+user, or of one symbol, in one command (`OrderSaga.cancel_all`); `CancelAllAfter` (the
+`cancel_all_after` command) arms a user's dead man's switch, fired by the timer entries
+(`OrderSaga.fire_switches`). Before version 3 both are refused MALFORMED, as a build that
+does not know them refuses them. An armed switch is in the actor's plain data (so in the
+state hash and the snapshot) only while armed, which it never is before version 3: the
+hashes and snapshots of versions 1 and 2 are unchanged.
 """
 
 from __future__ import annotations
