@@ -39,7 +39,12 @@ async def resting(client: OmsClient, count: int, prefix: str) -> list[str]:
 
 
 async def cancelled(client: OmsClient) -> None:
-    state = await eventually(lambda: account_state(client), lambda s: not s.open_orders)
+    """Nothing open, nothing reserved (balances and open orders are two reads: a cancel
+    may land between them, so both are waited for)."""
+    state = await eventually(
+        lambda: account_state(client),
+        lambda s: not s.open_orders and s.balances["USDT"][1] == 0,
+    )
     assert state.balances["USDT"] == (USDT_FUNDS, 0)
 
 
