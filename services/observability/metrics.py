@@ -81,6 +81,7 @@ GAUGES = frozenset(
         "halted_users",
         "routing_epoch",
         "leaving_users",
+        "armed_switches",
         "dedup_waiting_users",
         "deferred_reconciles",
         "consensus_time_ms",

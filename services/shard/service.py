@@ -362,6 +362,7 @@ class ShardServicer:
         status.counters["routing_epoch"] = statistics.routing_epoch
         status.counters["leaving_users"] = statistics.leaving_users
         status.counters["persisted_through"] = statistics.persisted_through
+        status.counters["armed_switches"] = statistics.armed_switches
         mailbox = self.marks.statistics()
         status.counters["ticks_received"] = mailbox.received
         status.counters["ticks_conflated"] = mailbox.replaced

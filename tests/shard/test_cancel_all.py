@@ -188,6 +188,7 @@ def test_an_armed_switch_fires_on_consensus_time_unless_armed_again_and_then_dis
     assert result.accepted and result.cancel_all_at_ms == driver.now + 5_000
     armed_hash = driver.machine.state_hash()
     assert not driver.machine.state.actors[7].is_flat()
+    assert driver.machine.statistics().armed_switches == 1
     # Re-armed before it fires: it moves on.
     driver.tick(advance_ms=4_000)
     again = only(driver.run(switch(driver, 7, 5_000)), ShardResult)
@@ -202,6 +203,7 @@ def test_an_armed_switch_fires_on_consensus_time_unless_armed_again_and_then_dis
     assert of_type(fired, ShardResult) == []  # nobody asked: order updates tell
     actor = driver.machine.state.actors[7]
     assert actor.cancel_all_at_ms == 0 and not driver.machine.state.switches
+    assert driver.machine.statistics().armed_switches == 0
     assert driver.machine.state_hash() != armed_hash
     assert of_type(driver.tick(advance_ms=10_000), CancelToMatcher) == []  # once only
 

@@ -231,6 +231,7 @@ class ShardMachine:
             routing_epoch=state.routing.epoch if state.routing is not None else 0,
             leaving_users=len(state.leaving),
             persisted_through=state.persisted_through,
+            armed_switches=len(state.switches),
         )
 
     @property

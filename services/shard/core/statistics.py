@@ -196,6 +196,7 @@ class ShardStatistics:
     routing_epoch: int = 0  # the newest routing document applied (0: none yet)
     leaving_users: int = 0  # resident users the document gives to another shard
     persisted_through: int = 0  # the persister's cursor as this log last heard it
+    armed_switches: int = 0  # users with a dead man's switch armed (CancelAllAfter)
 
     def counter(self, name: str) -> int:
         for key, value in self.counters:
