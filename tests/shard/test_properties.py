@@ -40,9 +40,11 @@ from services.shard.core.commands import (
     Command,
     DedupAnswer,
     Deposit,
+    EndSession,
     FlushComplete,
     FlushRefused,
     HydrateUser,
+    KeepSession,
     MarkPrices,
     MatcherEvent,
     MatcherEvents,
@@ -264,6 +266,8 @@ class World:
             0,
             0,
             0,
+            # Sometimes on a cancel-on-disconnect session (open, expired or never opened).
+            session_id=data.draw(st.sampled_from((0, 0, 0, 1, 2))),
         )
         self.places[place.correlation_id] = place
         return place
@@ -401,6 +405,7 @@ STEPS = (
     "cancel",
     "cancel_all",
     "switch",
+    "session",
     "matcher",
     "matcher",
     "matcher",
@@ -455,6 +460,18 @@ def _step(world: World, data: st.DataObject, step: str) -> None:
         user = data.draw(st.sampled_from((*USERS, UNKNOWN_USER)))
         timeout_ms = data.draw(st.sampled_from((0, 1, 1_000, TTL // 2, TTL * 2)))
         world.apply([CancelAllAfter(correlation(), user, timeout_ms, 0)], 1)
+        return
+    if step == "session":
+        # A session kept alive, or ended cleanly or not (from version 3; before,
+        # refused MALFORMED); the ticks expire it.
+        user = data.draw(st.sampled_from((*USERS, UNKNOWN_USER)))
+        session_id = data.draw(st.sampled_from((0, 1, 2)))
+        if data.draw(st.booleans()):
+            timeout_ms = data.draw(st.sampled_from((1_000, TTL // 2, TTL * 2)))
+            world.apply([KeepSession(correlation(), user, session_id, timeout_ms, 0)], 1)
+        else:
+            cancel = data.draw(st.booleans())
+            world.apply([EndSession(correlation(), user, session_id, cancel, 0)], 1)
         return
     if step == "matcher":
         event = world.matcher_event(data)

@@ -110,6 +110,7 @@ class UserActor:
         "reduce_only",
         "reservations",
         "reserved",
+        "sessions",
         "tier",
         "trading_halted",
         "transfers",
@@ -151,17 +152,21 @@ class UserActor:
         # A dead man's switch armed (`CancelAllAfter`, version 3): at this consensus time
         # every live order is cancelled unless it is armed again or disarmed (0: none).
         self.cancel_all_at_ms = 0
+        # Cancel-on-disconnect sessions open (`KeepSession`, version 3): id -> the
+        # consensus time at which it expires and its orders are cancelled.
+        self.sessions: dict[int, int] = {}
         self.digest = 0  # this actor's term in the shard's set-hash
         self.dirty = False
 
     def is_flat(self) -> bool:
         """No resting order, no saga in flight, no reservation, nothing parked, no dead
-        man's switch armed (its timer runs in this shard only)."""
+        man's switch armed and no session open (their timers run in this shard only)."""
         return (
             not self.orders
             and not self.reservations
             and self.dedup_wait is None
             and not self.cancel_all_at_ms
+            and not self.sessions
         )
 
     def move_to(self, lifecycle: int) -> None:

@@ -24,9 +24,11 @@ from services.shard.core.commands import (
     Command,
     DedupAnswer,
     Deposit,
+    EndSession,
     FlushComplete,
     FlushRefused,
     HydrateUser,
+    KeepSession,
     MalformedCommand,
     MarkPrices,
     MatcherEvent,
@@ -120,6 +122,7 @@ def decode_command(message: shard_pb2.ShardCommand) -> Command:
                 p.self_trade_prevention,
                 p.routing_epoch,
                 p.trace_parent,
+                p.session_id,
             )
         )
     if which == "matcher_events":
@@ -143,6 +146,16 @@ def decode_command(message: shard_pb2.ShardCommand) -> Command:
         switch = message.cancel_all_after
         return CancelAllAfter(
             correlation_id, switch.user_id, switch.timeout_ms, switch.routing_epoch
+        )
+    if which == "keep_session":
+        keep = message.keep_session
+        return KeepSession(
+            correlation_id, keep.user_id, keep.session_id, keep.timeout_ms, keep.routing_epoch
+        )
+    if which == "end_session":
+        end = message.end_session
+        return EndSession(
+            correlation_id, end.user_id, end.session_id, end.cancel_orders, end.routing_epoch
         )
     if which == "deposit":
         d = message.deposit
@@ -484,6 +497,7 @@ def command_to_protobuf(command: Command) -> shard_pb2.ShardCommand:
         p.self_trade_prevention = _SelfTrade(command.self_trade_prevention)
         p.routing_epoch = command.routing_epoch
         p.trace_parent = command.trace_parent
+        p.session_id = command.session_id
     elif isinstance(command, CancelOrder):
         c = message.cancel
         c.user_id = command.user_id
@@ -500,6 +514,18 @@ def command_to_protobuf(command: Command) -> shard_pb2.ShardCommand:
         switch.user_id = command.user_id
         switch.timeout_ms = command.timeout_ms
         switch.routing_epoch = command.routing_epoch
+    elif isinstance(command, KeepSession):
+        keep = message.keep_session
+        keep.user_id = command.user_id
+        keep.session_id = command.session_id
+        keep.timeout_ms = command.timeout_ms
+        keep.routing_epoch = command.routing_epoch
+    elif isinstance(command, EndSession):
+        end = message.end_session
+        end.user_id = command.user_id
+        end.session_id = command.session_id
+        end.cancel_orders = command.cancel_orders
+        end.routing_epoch = command.routing_epoch
     elif isinstance(command, Deposit):
         message.deposit.user_id = command.user_id
         message.deposit.asset = command.asset

@@ -34,6 +34,8 @@ class PlaceOrder(NamedTuple):
     # W3C traceparent of a sampled order: logged with it and handed to the matcher
     # request, never decided on (replicas that ignore it apply identically).
     trace_parent: str = ""
+    # The cancel-on-disconnect session it is placed on (0: none; version 3).
+    session_id: int = 0
 
 
 class CancelOrder(NamedTuple):
@@ -60,6 +62,26 @@ class CancelAllAfter(NamedTuple):
     correlation_id: int
     user_id: int
     timeout_ms: int
+    routing_epoch: int
+
+
+class KeepSession(NamedTuple):
+    """Open, or keep alive, a cancel-on-disconnect session for `timeout_ms` from now."""
+
+    correlation_id: int
+    user_id: int
+    session_id: int
+    timeout_ms: int
+    routing_epoch: int
+
+
+class EndSession(NamedTuple):
+    """End a session: cleanly, or cancelling its live orders."""
+
+    correlation_id: int
+    user_id: int
+    session_id: int
+    cancel_orders: bool
     routing_epoch: int
 
 
@@ -208,6 +230,8 @@ Command = (
     | CancelOrder
     | CancelAllOrders
     | CancelAllAfter
+    | KeepSession
+    | EndSession
     | Deposit
     | Withdraw
     | HydrateUser
@@ -230,6 +254,8 @@ ClientCommand = (
     | CancelOrder
     | CancelAllOrders
     | CancelAllAfter
+    | KeepSession
+    | EndSession
     | Deposit
     | Withdraw
     | SetRiskLimits

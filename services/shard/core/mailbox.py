@@ -33,18 +33,20 @@ from services.shard.core.commands import (
     CancelAllOrders,
     CancelOrder,
     ClientCommand,
+    EndSession,
+    KeepSession,
     SetRiskLimits,
     UserControl,
 )
 
 _OPERATOR = (SetRiskLimits, UserControl)
-_CANCELS = (CancelOrder, CancelAllOrders, CancelAllAfter)
+_CANCELS = (CancelOrder, CancelAllOrders, CancelAllAfter, KeepSession, EndSession)
 
 
 def reserve_shares(command: ClientCommand) -> int:
     """How many reserve shares `command` may use: 0 for places and transfers, 1 for a
-    cancel, a cancel-all or a dead man's switch, 2 for an operator's command (the second
-    share is the operator's alone)."""
+    cancel, a cancel-all, a dead man's switch or a session's command, 2 for an operator's
+    command (the second share is the operator's alone)."""
     kind = type(command)
     if kind in _OPERATOR:
         return 2

@@ -99,9 +99,14 @@ class OpenOrder:
 
     def plain(self) -> tuple[object, ...]:
         """Every field as plain data, in a fixed order (snapshot and digest)."""
+        request = tuple(self.request)
+        if not self.request.session_id:
+            # Without a session the request keeps the plain data (the digest and the
+            # snapshot bytes) it had before sessions existed.
+            request = request[:-1]
         return (
             self.order_id,
-            tuple(self.request),
+            request,
             self.matcher_group,
             self.reserve_asset,
             self.remaining_lots,

@@ -28,6 +28,8 @@ from services.shard.core.commands import (
     CancelOrder,
     ClientCommand,
     DedupAnswer,
+    EndSession,
+    KeepSession,
     PlaceOrder,
 )
 from services.shard.core.dedup import Recent, as_recent, remember, within_horizon
@@ -80,6 +82,9 @@ _TRADING_HALTED = int(RejectReason.TRADING_HALTED)
 _NOT_FOUND = int(RejectReason.ORDER_NOT_FOUND)
 _NOT_CANCELLABLE = int(RejectReason.ORDER_NOT_CANCELLABLE)
 _INVALID_ORDER = int(RejectReason.INVALID_ORDER)
+_SESSION_CLOSED = int(RejectReason.SESSION_CLOSED)
+_TOO_MANY_SESSIONS = int(RejectReason.TOO_MANY_SESSIONS)
+MAX_SESSIONS_PER_USER = 100  # a user's Trade streams with cancel on disconnect, at once
 
 
 def refused(correlation_id: int, reason: int, retryable: bool = False) -> ShardResult:
@@ -210,6 +215,11 @@ class OrderSaga:
                 counters.dedup_never_seen += 1
             elif self._answered_from_memory(actor, command, now_ms, out):
                 return  # a duplicate, or parked behind a DB lookup
+        if command.session_id and command.session_id not in actor.sessions:
+            # Its session expired or ended: nothing would cancel it on a disconnect.
+            counters.orders_refused += 1
+            out.append(refused(correlation_id, _SESSION_CLOSED))
+            return
         if len(state.pending_submits) + len(state.pending_cancels) >= self.max_in_flight:
             counters.refused_backpressure += 1
             out.append(refused(correlation_id, _BACKPRESSURE, True))
@@ -461,7 +471,7 @@ class OrderSaga:
         if actor.health:
             out.append(refused(correlation_id, _USER_HALTED, actor.health == QUARANTINED))
             return
-        sent, already = self._cancel_live(actor, command.symbol, now_ms, out)
+        sent, already = self._cancel_live(actor, now_ms, out, symbol=command.symbol)
         out.append(
             ShardResult(correlation_id, True, cancelled_order_ids=sent, already_cancelling=already)
         )
@@ -485,6 +495,52 @@ class OrderSaga:
         state.touch(actor, now_ms)
         out.append(ShardResult(correlation_id, True, cancel_all_at_ms=at_ms))
 
+    def keep_session(
+        self, actor: UserActor, command: KeepSession, now_ms: int, out: list[Egress]
+    ) -> None:
+        """Open a cancel-on-disconnect session, or keep it alive, `timeout_ms` from now;
+        the timer entries end it when it is not kept alive in time (`expire_sessions`)."""
+        correlation_id = command.correlation_id
+        if actor.health:
+            out.append(refused(correlation_id, _USER_HALTED, actor.health == QUARANTINED))
+            return
+        session_id = command.session_id
+        if session_id not in actor.sessions and len(actor.sessions) >= MAX_SESSIONS_PER_USER:
+            out.append(refused(correlation_id, _TOO_MANY_SESSIONS))
+            return
+        expires_ms = now_ms + command.timeout_ms
+        actor.sessions[session_id] = expires_ms
+        self.state.sessions[(actor.user_id, session_id)] = expires_ms
+        self.state.touch(actor, now_ms)
+        out.append(ShardResult(correlation_id, True, cancel_all_at_ms=expires_ms))
+
+    def end_session(
+        self, actor: UserActor, command: EndSession, now_ms: int, out: list[Egress]
+    ) -> None:
+        """End a session: its live orders rest on (a clean close) or are cancelled."""
+        sent: tuple[str, ...] = ()
+        if actor.sessions.pop(command.session_id, None) is not None:
+            self.state.sessions.pop((actor.user_id, command.session_id), None)
+            self.state.touch(actor, now_ms)
+            if command.cancel_orders:
+                sent, _ = self._cancel_live(actor, now_ms, out, session_id=command.session_id)
+        out.append(ShardResult(command.correlation_id, True, cancelled_order_ids=sent))
+
+    def expire_sessions(self, now_ms: int, out: list[Egress]) -> None:
+        """Each session not kept alive in time ends and cancels its live orders, earliest
+        first (ties by user, then session): the same order on every replica."""
+        state = self.state
+        due = sorted(
+            (expires_ms, key) for key, expires_ms in state.sessions.items() if expires_ms <= now_ms
+        )
+        for _, key in due:
+            del state.sessions[key]
+            user_id, session_id = key
+            actor = state.actors[user_id]
+            del actor.sessions[session_id]
+            state.mark_dirty(actor)
+            self._cancel_live(actor, now_ms, out, session_id=session_id)
+
     def fire_switches(self, now_ms: int, out: list[Egress]) -> None:
         """Each dead man's switch whose time has come cancels its user's live orders and
         disarms, earliest first (ties by user id): the same order on every replica."""
@@ -497,18 +553,29 @@ class OrderSaga:
             actor = state.actors[user_id]
             actor.cancel_all_at_ms = 0
             state.mark_dirty(actor)
-            self._cancel_live(actor, "", now_ms, out)
+            self._cancel_live(actor, now_ms, out)
 
     def _cancel_live(
-        self, actor: UserActor, symbol: str, now_ms: int, out: list[Egress]
+        self,
+        actor: UserActor,
+        now_ms: int,
+        out: list[Egress],
+        *,
+        symbol: str = "",
+        session_id: int = 0,
     ) -> tuple[tuple[str, ...], int]:
-        """Send a cancel for each live order (of `symbol`, if set) without one in flight,
-        in the order they were placed (their user sequence: the same on every replica,
-        whatever order a snapshot restored them in). The orders sent for, and how many
-        already had a cancel in flight."""
+        """Send a cancel for each live order (of `symbol`, or placed on `session_id`, if
+        set) without one in flight, in the order they were placed (their user sequence:
+        the same on every replica, whatever order a snapshot restored them in). The
+        orders sent for, and how many already had a cancel in flight."""
         state = self.state
         chosen = sorted(
-            (order for order in actor.orders.values() if not symbol or order.symbol == symbol),
+            (
+                order
+                for order in actor.orders.values()
+                if (not symbol or order.symbol == symbol)
+                and (not session_id or order.request.session_id == session_id)
+            ),
             key=_user_seq,
         )
         sent: list[str] = []

@@ -48,9 +48,11 @@ from services.shard.core.commands import (
     Command,
     DedupAnswer,
     Deposit,
+    EndSession,
     FlushComplete,
     FlushRefused,
     HydrateUser,
+    KeepSession,
     MalformedCommand,
     MarkPrices,
     MatcherEvent,
@@ -84,8 +86,8 @@ _MALFORMED = int(RejectReason.MALFORMED)
 _NOT_OWNER = int(RejectReason.NOT_OWNER)
 _UNKNOWN_SYMBOL = int(RejectReason.UNKNOWN_SYMBOL)
 _INVALID_TIMEOUT = int(RejectReason.INVALID_TIMEOUT)
-# A dead man's switch's timeout: shorter than a failover (about 2 s) fires it by the
-# failover alone; longer than a day is not a dead man's switch.
+# A dead man's switch's (and a session's) timeout: shorter than a failover (about 2 s)
+# fires it by the failover alone; longer than a day is not a dead man's switch.
 MIN_SWITCH_TIMEOUT_MS = 1_000
 MAX_SWITCH_TIMEOUT_MS = 86_400_000
 ClientAction = Callable[[UserActor, Any, int, list[Egress]], None]
@@ -115,6 +117,8 @@ class ShardMachine:
             CancelOrder: self.saga.cancel,
             CancelAllOrders: self.saga.cancel_all,
             CancelAllAfter: self.saga.cancel_all_after,
+            KeepSession: self.saga.keep_session,
+            EndSession: self.saga.end_session,
             Deposit: self.funding.deposit,
             Withdraw: self.funding.withdraw,
             SetRiskLimits: self.controls.set_risk_limits,
@@ -125,6 +129,8 @@ class ShardMachine:
             CancelOrder: self._on_cancel,
             CancelAllOrders: self._on_cancel_all,
             CancelAllAfter: self._on_cancel_all_after,
+            KeepSession: self._on_keep_session,
+            EndSession: self._on_end_session,
             Deposit: self._on_transfer,
             Withdraw: self._on_transfer,
             MatcherEvents: self._on_matcher_events,
@@ -179,6 +185,7 @@ class ShardMachine:
         self.hydration.redrive(now, redrive_after, out)
         self.saga.redrive_lookups(now, redrive_after, out)
         self.saga.fire_switches(now, out)
+        self.saga.expire_sessions(now, out)
         self.eviction.sweep(now, out)
         self.eviction.valve(now, out)
         if self.state.leaving:
@@ -284,6 +291,9 @@ class ShardMachine:
                 raise OrderIndexError(f"user {user_id}: dedup wait registry disagrees")
             if state.switches.get(user_id, 0) != actor.cancel_all_at_ms:
                 raise OrderIndexError(f"user {user_id}: dead man's switch registry disagrees")
+            for session_id, expires_ms in actor.sessions.items():
+                if state.sessions.get((user_id, session_id)) != expires_ms:
+                    raise OrderIndexError(f"user {user_id}: session registry disagrees")
             if user_id in state.hydrations:
                 raise OrderIndexError(f"user {user_id} is resident and waiting for hydration")
             for symbol, position in actor.positions.items():
@@ -292,6 +302,8 @@ class ShardMachine:
                     raise OrderIndexError(f"user {user_id}: holders index of {symbol} disagrees")
         if not state.switches.keys() <= state.actors.keys():
             raise OrderIndexError("a dead man's switch of a user who is not resident")
+        if len(state.sessions) != sum(len(actor.sessions) for actor in state.actors.values()):
+            raise OrderIndexError("the session registry holds sessions no actor has")
         if live_submits != len(state.pending_submits) or live_cancels != len(state.pending_cancels):
             raise OrderIndexError("saga registries hold orders no actor has")
         if (dehydrating, quarantined, halted) != (
@@ -399,6 +411,9 @@ class ShardMachine:
         return self.state.persisted_through or None
 
     def _on_place(self, command: PlaceOrder, now: int, out: list[Egress]) -> None:
+        if command.session_id and self.state.machine_version < 3:
+            # A build without sessions ignores the field: so does this one before 3.
+            command = command._replace(session_id=0)
         if self._not_owner(command, out):
             return
         reason = self.saga.place_problem(command, now)
@@ -438,6 +453,31 @@ class ShardMachine:
         timeout_ms = command.timeout_ms
         if timeout_ms and not MIN_SWITCH_TIMEOUT_MS <= timeout_ms <= MAX_SWITCH_TIMEOUT_MS:
             out.append(refused(command.correlation_id, _INVALID_TIMEOUT))
+            return
+        self._to_actor(command, now, out)
+
+    def _on_keep_session(self, command: KeepSession, now: int, out: list[Egress]) -> None:
+        if self.state.machine_version < 3:
+            self._on_malformed(MalformedCommand(command.correlation_id, "no command set"), now, out)
+            return
+        if self._not_owner(command, out):
+            return
+        if not command.session_id:
+            out.append(refused(command.correlation_id, _MALFORMED))
+            return
+        if not MIN_SWITCH_TIMEOUT_MS <= command.timeout_ms <= MAX_SWITCH_TIMEOUT_MS:
+            out.append(refused(command.correlation_id, _INVALID_TIMEOUT))
+            return
+        self._to_actor(command, now, out)
+
+    def _on_end_session(self, command: EndSession, now: int, out: list[Egress]) -> None:
+        if self.state.machine_version < 3:
+            self._on_malformed(MalformedCommand(command.correlation_id, "no command set"), now, out)
+            return
+        if self._not_owner(command, out):
+            return
+        if not command.session_id:
+            out.append(refused(command.correlation_id, _MALFORMED))
             return
         self._to_actor(command, now, out)
 

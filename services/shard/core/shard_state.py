@@ -98,6 +98,8 @@ class ShardState:
         # Users with a dead man's switch armed -> its consensus time (`cancel_all_at_ms`):
         # derived from the actors, so neither snapshotted nor hashed on its own.
         self.switches: dict[int, int] = {}
+        # (user, session) -> when it expires: the actors' open sessions, derived likewise.
+        self.sessions: dict[tuple[int, int], int] = {}
         self.deferred_reconciles: list[Reconcile] = []
         self.tombstones: OrderedDict[int, int] = OrderedDict()  # evicted user -> db_version
         self.tombstone_sum = 0
@@ -158,6 +160,8 @@ class ShardState:
         """Remove an evicted actor: its digest leaves the set-hash now."""
         del self.actors[actor.user_id]
         self.switches.pop(actor.user_id, None)  # none expected: an armed user is not flat
+        for session_id in actor.sessions:  # none expected either
+            self.sessions.pop((actor.user_id, session_id), None)
         for symbol in actor.positions:
             self.holders[symbol].pop(actor.user_id, None)
         self.digest_sum = (self.digest_sum - actor.digest) & _MASK64

@@ -34,6 +34,8 @@ from services.shard.core.commands import (
     CancelOrder,
     ClientCommand,
     Deposit,
+    EndSession,
+    KeepSession,
     MatcherEvent,
     PlaceOrder,
     Reconcile,
@@ -84,6 +86,9 @@ def item_plain(item: ParkedItem) -> tuple[Any, ...]:
             item.request_id,
             item.if_control_version,
         )
+    if type(item) is PlaceOrder and not item.session_id:
+        # Without a session: the plain data it had before sessions existed.
+        return ("place", *item[:-1])
     return (_TAGS[type(item)], *item)
 
 
@@ -105,6 +110,8 @@ _TAGS: dict[type, str] = {
     CancelOrder: "cancel",
     CancelAllOrders: "cancel_all",
     CancelAllAfter: "cancel_all_after",
+    KeepSession: "keep_session",
+    EndSession: "end_session",
     Deposit: "deposit",
     Withdraw: "withdraw",
     UserControl: "control",
@@ -168,9 +175,11 @@ def actor_plain(actor: UserActor) -> tuple[Any, ...]:
         actor.trading_halted,
         actor.control_version,
         actor.last_control_id,
-        # Only while armed (never before version 3): an actor without one keeps the plain
-        # data, the digest and the snapshot bytes it had before the switch existed.
-        *((actor.cancel_all_at_ms,) if actor.cancel_all_at_ms else ()),
+        # Only while armed or with a session open (never before version 3): an actor
+        # without either keeps the plain data, the digest and the snapshot bytes it had
+        # before they existed.
+        *((actor.cancel_all_at_ms,) if actor.cancel_all_at_ms or actor.sessions else ()),
+        *((tuple(sorted(actor.sessions.items())),) if actor.sessions else ()),
     )
 
 
@@ -225,8 +234,10 @@ def actor_from_plain(data: tuple[Any, ...]) -> UserActor:
     actor.trading_halted = bool(data[23]) if len(data) > 23 else False  # before version 4
     if len(data) > 24:  # before version 6 no control had a version
         actor.control_version, actor.last_control_id = data[24], data[25]
-    if len(data) > 26:  # a dead man's switch armed
+    if len(data) > 26:  # a dead man's switch armed, or sessions open
         actor.cancel_all_at_ms = data[26]
+    if len(data) > 27:
+        actor.sessions = dict(data[27])
     actor.recency_seq = recency_seq
     actor.failures = list(failures)
     if wait is not None:
@@ -354,6 +365,8 @@ def decode_into(state: ShardState, data: bytes) -> None:
             state.mark_dirty(actor)
             if actor.cancel_all_at_ms:
                 state.switches[actor.user_id] = actor.cancel_all_at_ms
+            for session_id, expires_ms in actor.sessions.items():
+                state.sessions[(actor.user_id, session_id)] = expires_ms
             if actor.lifecycle == DEHYDRATING:
                 state.dehydrating += 1
             if actor.health == QUARANTINED:

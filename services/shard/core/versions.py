@@ -20,10 +20,15 @@ tombstones' sequences are in the state hash and in the snapshot (layout 8).
 Version 3: `CancelAllOrders` (the `cancel_all` command) cancels every live order of a
 user, or of one symbol, in one command (`OrderSaga.cancel_all`); `CancelAllAfter` (the
 `cancel_all_after` command) arms a user's dead man's switch, fired by the timer entries
-(`OrderSaga.fire_switches`). Before version 3 both are refused MALFORMED, as a build that
-does not know them refuses them. An armed switch is in the actor's plain data (so in the
-state hash and the snapshot) only while armed, which it never is before version 3: the
-hashes and snapshots of versions 1 and 2 are unchanged.
+(`OrderSaga.fire_switches`); `KeepSession` and `EndSession` hold a user's
+cancel-on-disconnect sessions, whose orders (placed with their `session_id`) are
+cancelled when a session expires on the timer or ends uncleanly
+(`OrderSaga.expire_sessions`, `end_session`). Before version 3 these commands are
+refused MALFORMED and a place's `session_id` is ignored, as a build that does not know
+them decides. A switch and sessions are in the actor's plain data (so in the state hash
+and the snapshot) only while present, and an order's session only when it has one,
+which never happens before version 3: the hashes and snapshots of versions 1 and 2 are
+unchanged.
 """
 
 from __future__ import annotations
