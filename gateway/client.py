@@ -274,8 +274,10 @@ class OmsClient(_SignedClient):
     def order_updates(self) -> OrderUpdateStream:
         return OrderUpdateStream(self._signed, self.user_id)
 
-    def trade(self) -> TradeStream:
-        return TradeStream(self._signed)
+    def trade(self, *, cancel_on_disconnect_ms: int = 0) -> TradeStream:
+        """A Trade stream; with `cancel_on_disconnect_ms`, the orders placed on it are
+        cancelled by the user's shard if it ends without a clean close."""
+        return TradeStream(self._signed, cancel_on_disconnect_ms)
 
 
 class AdminClient(_SignedClient):

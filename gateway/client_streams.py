@@ -98,8 +98,11 @@ class TradeStream:
 
     METHOD = ORDER_SERVICE + "Trade"
 
-    def __init__(self, signed: SignedChannel) -> None:
+    def __init__(self, signed: SignedChannel, cancel_on_disconnect_ms: int = 0) -> None:
         self._signed = signed
+        # Asked for on the first batch: the orders placed on this stream are cancelled
+        # if it ends without a clean close (`close`, which `async with` does).
+        self._cancel_on_disconnect_ms = cancel_on_disconnect_ms
         self._outgoing: asyncio.Queue[gateway_pb2.TradeRequestBatch | None] = asyncio.Queue()
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[gateway_pb2.TradeResponse]] = {}
@@ -185,7 +188,15 @@ class TradeStream:
         loop = asyncio.get_running_loop()
         for request in batch.requests:
             self._waiting.setdefault(request.request_id, loop.create_future())
+        if self._cancel_on_disconnect_ms:
+            batch.cancel_on_disconnect_ms = self._cancel_on_disconnect_ms
+            self._cancel_on_disconnect_ms = 0  # the first batch only
         self._outgoing.put_nowait(batch)
+
+    def abort(self) -> None:
+        """End the call at once, without a clean close (as a client that dies does)."""
+        if self._call is not None:
+            self._call.cancel()
 
     async def wait(
         self, request_ids: Sequence[int], timeout_s: float = DEFAULT_TIMEOUT_S

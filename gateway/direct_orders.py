@@ -78,7 +78,7 @@ class DirectOrder:
 
 
 def submit_directly(
-    router: ShardRouter, request: gateway_pb2.TradeRequest, deadline: float
+    router: ShardRouter, request: gateway_pb2.TradeRequest, deadline: float, session_id: int = 0
 ) -> DirectOrder | None:
     """The checked request's command in its shard's link, or None: take the routed path."""
     if tracing_enabled():
@@ -96,6 +96,7 @@ def submit_directly(
     if placing:
         command = place_command(request.place)
         command.place.routing_epoch = route.epoch
+        command.place.session_id = session_id
     else:
         command = cancel_command(request.cancel)
         command.cancel.routing_epoch = route.epoch

@@ -30,6 +30,7 @@ from gateway.core.acks import (
 )
 from gateway.core.validation import RequestValidator
 from gateway.direct_orders import submit_directly
+from gateway.disconnect_sessions import DisconnectSession
 from gateway.history import HistoryQueries
 from gateway.order_updates import OrderUpdateFanout
 from gateway.routing import ShardRouter
@@ -74,15 +75,21 @@ class OrderService:
 
     # --- orders (shared by the unary calls and the Trade stream) ---------------------------
 
-    async def place(self, request: gateway_pb2.PlaceOrderRequest) -> gateway_pb2.OrderAck:
+    async def place(
+        self, request: gateway_pb2.PlaceOrderRequest, session_id: int = 0
+    ) -> gateway_pb2.OrderAck:
+        """`session_id`: the Trade stream's cancel-on-disconnect session (0: none)."""
         if not tracing_enabled():
-            result = await self.router.execute(request.user_id, place_command(request))
+            command = place_command(request)
+            command.place.session_id = session_id
+            result = await self.router.execute(request.user_id, command)
             ack = order_ack(request.client_order_id, result)
             self.counters.add("orders_accepted" if ack.accepted else "orders_refused")
             return ack
         # A sampled order's trace continues in the shard's log and on to the matcher.
         with _tracer.start_as_current_span("gateway.place_order") as span:
             command = place_command(request)
+            command.place.session_id = session_id
             command.place.trace_parent = trace_parent_of(span)
             result = await self.router.execute(request.user_id, command)
             # Inside the span, so the line carries the order's trace id.
@@ -205,7 +212,9 @@ class OrderService:
             max_in_flight=self.trade_in_flight,
             deadline_s=self.request_deadline_s,
             submit=functools.partial(submit_directly, self.router),
+            open_session=functools.partial(DisconnectSession, self.router),
         )
+        context.add_done_callback(lambda _: session.ended())
         async for batch in session.run(requests):
             yield batch
 

@@ -24,6 +24,7 @@ from gateway.authentication import authorize_account, count_error
 from gateway.core.refusals import GatewayError, deadline_passed, invalid_field
 from gateway.credentials import KeyHolder
 from gateway.direct_orders import DirectOrder
+from gateway.disconnect_sessions import DisconnectSession
 from gateway.statistics import GatewayCounters
 from protos.oms.v1 import gateway_pb2
 from services.observability.metrics import ACK_LATENCY
@@ -31,7 +32,8 @@ from services.observability.metrics import ACK_LATENCY
 MAX_BATCH = 1_000
 DEADLINE = "the request's deadline passed"  # the message a late request is cancelled with
 
-PlaceHandler = Callable[[gateway_pb2.PlaceOrderRequest], Awaitable[gateway_pb2.OrderAck]]
+# A place, and the id of the cancel-on-disconnect session it is placed on (0: none).
+PlaceHandler = Callable[[gateway_pb2.PlaceOrderRequest, int], Awaitable[gateway_pb2.OrderAck]]
 CancelHandler = Callable[[gateway_pb2.CancelOrderRequest], Awaitable[gateway_pb2.CancelAck]]
 CancelAllHandler = Callable[
     [gateway_pb2.CancelAllOrdersRequest], Awaitable[gateway_pb2.CancelAllAck]
@@ -39,7 +41,9 @@ CancelAllHandler = Callable[
 Check = Callable[[gateway_pb2.TradeRequest], None]
 # Puts a checked request straight into its shard's link (deadline in loop time), or
 # None: answer it through `place` / `cancel` (gateway/direct_orders.py).
-Submit = Callable[[gateway_pb2.TradeRequest, float], DirectOrder | None]
+Submit = Callable[[gateway_pb2.TradeRequest, float, int], DirectOrder | None]
+# Makes the stream's cancel-on-disconnect session: (user id, timeout ms).
+OpenSession = Callable[[int, int], DisconnectSession]
 
 
 class TradeSession:
@@ -55,6 +59,7 @@ class TradeSession:
         max_in_flight: int,
         deadline_s: float,
         submit: Submit | None = None,
+        open_session: OpenSession | None = None,
     ) -> None:
         self.holder = holder
         self.check = check
@@ -62,6 +67,13 @@ class TradeSession:
         self.cancel = cancel
         self.cancel_all = cancel_all
         self.submit = submit
+        self.open_session = open_session
+        # Cancel on disconnect, when the first batch asks for it; its id rides on every
+        # place of the stream, and `run` ends it: cleanly only after a clean close.
+        self.disconnect: DisconnectSession | None = None
+        self.session_id = 0
+        self.clean = False
+        self._first_batch = True
         self.counters = counters
         self.deadline_s = deadline_s
         self.slots = asyncio.Semaphore(max_in_flight)
@@ -106,7 +118,9 @@ class TradeSession:
             await reader
             if self.refusal is not None:
                 raise self.refusal
+            self.clean = True  # the client half-closed and has every answer
         finally:
+            self.ended()
             self._closing = True
             reader.cancel()
             if self._sweeper is not None:
@@ -119,6 +133,12 @@ class TradeSession:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader  # reaped only: a failure of it was raised above
 
+    def ended(self) -> None:
+        """The stream is over (its handler's end, or the call's done-callback should the
+        handler never be finalized): its session ends, cleanly only after a clean close."""
+        if self.disconnect is not None:
+            self.disconnect.end(clean=self.clean)
+
     def _put(self, response: gateway_pb2.TradeResponse) -> None:
         self.ready.append(response)
         self.changed.set()
@@ -126,6 +146,12 @@ class TradeSession:
     async def _read(self, requests: AsyncIterator[gateway_pb2.TradeRequestBatch]) -> None:
         try:
             async for batch in requests:
+                if self._first_batch:
+                    self._first_batch = False
+                    if batch.cancel_on_disconnect_ms and not await self._open_session(
+                        batch.cancel_on_disconnect_ms
+                    ):
+                        return
                 if len(batch.requests) > MAX_BATCH:
                     self.refusal = GatewayError(
                         gateway_pb2.GATEWAY_ERROR_REASON_BATCH_TOO_LARGE,
@@ -140,6 +166,21 @@ class TradeSession:
         finally:
             self.reading_done = True
             self.changed.set()
+
+    async def _open_session(self, timeout_ms: int) -> bool:
+        """Open the stream's session before any of its orders; False: the stream ends."""
+        if self.open_session is None:
+            return True  # not offered here (tests of the session's other parts)
+        session = self.open_session(self.holder.user_id, timeout_ms)
+        try:
+            await session.open()
+        except GatewayError as error:
+            self.refusal = error
+            count_error(self.counters, error)
+            return False
+        self.disconnect = session
+        self.session_id = session.session_id
+        return True
 
     def _start(self, request: gateway_pb2.TradeRequest) -> None:
         kind = request.WhichOneof("request") or "empty"
@@ -160,7 +201,7 @@ class TradeSession:
             self._put(self._error(request.request_id, error))
             return
         deadline = asyncio.get_running_loop().time() + self.deadline_s
-        direct = None if self.submit is None else self.submit(request, deadline)
+        direct = None if self.submit is None else self.submit(request, deadline, self.session_id)
         if direct is not None:
             direct.future.add_done_callback(
                 functools.partial(self._answered_directly, direct, kind, time.perf_counter())
@@ -237,7 +278,7 @@ class TradeSession:
         outcome = "error"
         try:
             if kind == "place":
-                response.place.CopyFrom(await self.place(request.place))
+                response.place.CopyFrom(await self.place(request.place, self.session_id))
                 outcome = "accepted" if response.place.accepted else "refused"
             elif kind == "cancel":
                 response.cancel.CopyFrom(await self.cancel(request.cancel))

@@ -28,7 +28,9 @@ def _request(request_id: int, client_order_id: str) -> gateway_pb2.TradeRequest:
 async def test_late_requests_are_answered_timeout_and_prompt_ones_are_not() -> None:
     released = asyncio.Event()
 
-    async def place(request: gateway_pb2.PlaceOrderRequest) -> gateway_pb2.OrderAck:
+    async def place(
+        request: gateway_pb2.PlaceOrderRequest, session_id: int = 0
+    ) -> gateway_pb2.OrderAck:
         if request.client_order_id.startswith("stuck"):
             await asyncio.Event().wait()  # a shard that never answers
         if request.client_order_id.startswith("late-but-ok"):
@@ -86,7 +88,9 @@ async def test_orders_sent_straight_to_the_link_meet_the_same_deadline() -> None
     loop = asyncio.get_running_loop()
     futures: dict[str, asyncio.Future[shard_pb2.ShardResult]] = {}
 
-    def submit(request: gateway_pb2.TradeRequest, deadline: float) -> DirectOrder:
+    def submit(
+        request: gateway_pb2.TradeRequest, deadline: float, session_id: int = 0
+    ) -> DirectOrder:
         future: asyncio.Future[shard_pb2.ShardResult] = loop.create_future()
         futures[request.place.client_order_id] = future
         if request.place.client_order_id.startswith("fast"):
