@@ -188,6 +188,19 @@ def campaign_markdown(figures: CampaignFigures) -> str:
             " with the engine's",
         ),
         (
+            "cancel-all",
+            f"{clients.get('cancel_alls_accepted', 0):,} accepted answers to clients"
+            f" ({clients.get('cancel_alls_listing_orders', 0):,} listing orders);"
+            f" {mesh.get('cancel_alls_checked', 0):,} answers checked against the user's"
+            f" live orders at their log position ({mesh.get('cancel_all_orders_listed', 0):,}"
+            f" orders listed, {mesh.get('cancel_all_already_cancelling', 0):,} already"
+            f" being cancelled); {mesh.get('cancelled_order_ends_checked', 0):,} ends of"
+            " orders being cancelled checked"
+            f" ({mesh.get('cancelled_orders_rejected_first', 0):,} refused by the matcher"
+            f" before resting), {mesh.get('cancelled_orders_checked', 0):,} in the database"
+            " after settling",
+        ),
+        (
             "invariant checks",
             f"{mesh.get('conservation_checks', 0):,} cross-shard money"
             f" balances, {mesh.get('state_hashes_compared', 0):,} state"

@@ -1,14 +1,22 @@
-"""Clients of the API: users who fund themselves, trade, cancel and withdraw, and retry
-the way the API tells them.
+"""Clients of the API: users who fund themselves, trade, cancel (one order, or all of a
+symbol's or all of their orders at once) and withdraw, and retry the way the API tells
+them.
 
 Each request is the API's own message (`PlaceOrderRequest`, `CancelOrderRequest`,
-`TransferRequest`) handed to the simulated gateway (`gateway_model.py`), and each
-answer the gateway's ack or refusal. One request per user at a time. A request
-unanswered within the client's deadline is sent again under the same client order id
-(or transfer id); a retryable refusal (rate limit, backpressure, halted, not the
-owner, the gateway UNAVAILABLE) is sent again a little later; any other refusal is
-final. What a client was told is what the audit holds the mesh to: an order
-acknowledged under a client order id must be there, once, under that id.
+`CancelAllOrdersRequest`, `TransferRequest`) handed to the simulated gateway
+(`gateway_model.py`), and each answer the gateway's ack or refusal. One request per
+user at a time. A request unanswered within the client's deadline is sent again
+(under the same client order id or transfer id; a cancel-all as it was); a retryable
+refusal (rate limit, backpressure, halted, not the owner, the gateway UNAVAILABLE) is
+sent again a little later; any other refusal is final. What a client was told is what
+the mesh is held to: an order acknowledged under a client order id must be there,
+once, under that id (the audit); a cancel-all accepted lists only the client's own
+orders, and is never refused MALFORMED (every shard group runs the version that
+decides it); after settling, every order whose cancel was accepted (by `CancelOrder`,
+or listed by `CancelAllOrders`) is CANCELLED or FILLED in the database (or REJECTED:
+the matcher refused the order itself while it was PENDING; it never rested). That a
+cancel-all covered exactly the user's live orders at its log position is judged on
+the shard's egress (`cancel_all_check.py`).
 """
 
 from __future__ import annotations
@@ -21,15 +29,26 @@ from gateway.core.refusals import GatewayError
 from protos.oms.v1 import gateway_pb2
 from services.shard.core.vocabulary import (
     BUY,
+    CANCELLED,
+    FILLED,
     LIMIT,
     MARKET,
     PPM,
+    REJECTED,
     RETRYABLE_REASONS,
     SELL,
     RejectReason,
     TimeInForce,
 )
-from simulation.core.gateway_model import CANCEL, DEPOSIT, PLACE, refusal_is_retryable
+from simulation.core.cancel_all_check import CANCEL_ALL as CANCEL_ALL_VIOLATION
+from simulation.core.cancel_all_check import CANCEL_OUTCOME
+from simulation.core.gateway_model import (
+    CANCEL,
+    CANCEL_ALL,
+    DEPOSIT,
+    PLACE,
+    refusal_is_retryable,
+)
 
 GTC = int(TimeInForce.GTC)
 IOC = int(TimeInForce.IOC)
@@ -42,13 +61,15 @@ RETRY_PAUSE_MS = 50
 THINK_MS = (1, 40)
 FUNDING = 10**12
 _RETRY_REASONS = frozenset((*RETRYABLE_REASONS, int(RejectReason.NOT_OWNER)))
+_MALFORMED = int(RejectReason.MALFORMED)
+UNKNOWN_SYMBOL = "NOPE-USD"
 
 
 @dataclass(slots=True)
 class Request:
-    kind: str  # place, cancel, deposit, withdraw
+    kind: str  # place, cancel, cancel-all, deposit, withdraw
     user_id: int
-    key: str  # client order id, transfer id, or the order id cancelled
+    key: str  # client order id, transfer id, the order id cancelled, or a cancel-all's symbol
     message: Any  # the API's request, the same on every attempt
     first_sent_ms: int = 0
     attempts: int = 0
@@ -66,6 +87,8 @@ class ClientFigures:
     answered_as_duplicate: int = 0
     attempts: int = 0
     malformed_refused: int = 0  # malformed requests the gateway refused, each checked
+    cancel_alls: int = 0  # cancel-alls answered accepted
+    cancel_alls_listing: int = 0  # ... that listed at least one order
     waits_ms: list[int] = field(default_factory=list)
 
 
@@ -79,6 +102,7 @@ class SimClients:
         self.next_id: dict[int, int] = dict.fromkeys(users, 0)
         self.orders: dict[tuple[int, str], str] = {}  # (user, client order id) -> order id
         self.transfers: dict[tuple[int, str], tuple[str, int]] = {}
+        self.cancelled: dict[str, int] = {}  # order id -> user: its cancel accepted
         self.figures = ClientFigures()
         for user in users:
             self._think(user)
@@ -120,13 +144,15 @@ class SimClients:
             self.submit(self._malformed(user))
         elif roll < 65:
             self.submit(self._place(user))
-        elif roll < 85:
+        elif roll < 82:
             mine = [(c, o) for (u, c), o in self.orders.items() if u == user]
             if mine:
                 _, order_id = mine[-1 - rng.randrange(min(len(mine), 8))]
                 self.submit(self.cancel(user, order_id))
             else:
                 self.submit(self._place(user))
+        elif roll < 85:
+            self.submit(self._cancel_all(user))
         elif roll < 93:
             asset = assets[rng.randrange(len(assets))]
             self.submit(self._transfer(user, "deposit", asset, rng.randrange(1, 10**9)))
@@ -174,7 +200,7 @@ class SimClients:
             message.order_type = LIMIT
             request.refusal_expected = gateway_pb2.GATEWAY_ERROR_REASON_OUT_OF_RANGE
         elif flaw == 1:
-            message.symbol = "NOPE-USD"
+            message.symbol = UNKNOWN_SYMBOL
             request.refusal_expected = gateway_pb2.GATEWAY_ERROR_REASON_UNKNOWN_SYMBOL
         else:
             message.client_order_id = "not printable \x7f"
@@ -184,6 +210,23 @@ class SimClients:
     def cancel(self, user: int, order_id: str) -> Request:
         message = gateway_pb2.CancelOrderRequest(user_id=user, order_id=order_id)
         return Request(CANCEL, user, order_id, message)
+
+    def _cancel_all(self, user: int) -> Request:
+        """Every symbol's orders, or one symbol's; now and then a symbol not traded
+        here, which the gateway refuses UNKNOWN_SYMBOL, sending nothing on."""
+        world = self.world
+        which = world.rng.randrange(20)
+        if which == 0:
+            symbol = UNKNOWN_SYMBOL
+        elif which < 10:
+            symbol = ""
+        else:
+            symbol = world.markets[world.rng.randrange(len(world.markets))].symbol
+        message = gateway_pb2.CancelAllOrdersRequest(user_id=user, symbol=symbol)
+        request = Request(CANCEL_ALL, user, symbol or "*", message)
+        if which == 0:
+            request.refusal_expected = gateway_pb2.GATEWAY_ERROR_REASON_UNKNOWN_SYMBOL
+        return request
 
     def _transfer(self, user: int, kind: str, asset: str, amount: int) -> Request:
         transfer_id = self._new_key(user, "t")
@@ -273,11 +316,58 @@ class SimClients:
                         f"user {user} {request.key!r} acknowledged as {earlier} and "
                         f"{result.order_id}",
                     )
+            elif request.kind == CANCEL:
+                self.cancelled[result.order_id] = user
+            elif request.kind == CANCEL_ALL:
+                self._cancel_all_accepted(request, result)
             elif request.kind in ("deposit", "withdraw"):
                 self.transfers[(user, request.key)] = request.amount
                 if request.kind == "deposit" and self.funded[user] < len(world.assets):
                     self.funded[user] += 1
         else:
             figures.refused += 1
+            if request.kind == CANCEL_ALL and getattr(answer, "reject_reason", 0) == _MALFORMED:
+                world.violation(
+                    CANCEL_ALL_VIOLATION,
+                    f"user {user}'s cancel-all of {request.key} refused MALFORMED: its shard"
+                    " group does not decide it (state-machine version below 3)",
+                )
         if not self.settling:
             self._think(user)
+
+    def _cancel_all_accepted(self, request: Request, ack: gateway_pb2.CancelAllAck) -> None:
+        """What the client can tell from the ack alone: it lists only the client's own
+        orders (their ids name the user: `shard:user:sequence`), each once; they are
+        cancelled (checked after settling). Not only acknowledged ones: a place whose
+        first attempt was decided unanswered, then refused final on a retry (an
+        operator's halt comes first), is the user's order all the same."""
+        user = request.user_id
+        self.figures.cancel_alls += 1
+        listed = list(ack.cancelled_order_ids)
+        self.figures.cancel_alls_listing += bool(listed)
+        strangers = [o for o in listed if o.split(":")[1:2] != [str(user)]]
+        if strangers or len(set(listed)) != len(listed):
+            self.world.violation(
+                CANCEL_ALL_VIOLATION,
+                f"user {user}'s cancel-all of {request.key} lists {listed[:4]}: others'"
+                f" orders {strangers[:4]}, or one twice",
+            )
+        for order_id in listed:
+            self.cancelled[order_id] = user
+
+    def check_cancelled(self) -> None:
+        """After settling: every order whose cancel was accepted ended CANCELLED, or
+        FILLED (a fill got there first), as the database answers `GetOrder`; or
+        REJECTED, the matcher's refusal of the order itself, which never rested (that it
+        was PENDING then is checked on the egress, `cancel_all_check.py`)."""
+        world = self.world
+        orders = world.store.orders
+        for order_id, user in sorted(self.cancelled.items()):
+            row = orders.get(order_id)
+            world.figures["cancelled_orders_checked"] += 1
+            if row is None or row.status not in (FILLED, CANCELLED, REJECTED):
+                status = "no row" if row is None else f"status {row.status}"
+                world.violation(
+                    CANCEL_OUTCOME, f"user {user}'s order {order_id}, its cancel accepted: {status}"
+                )
+                return

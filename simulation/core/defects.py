@@ -51,9 +51,14 @@ FOLLOWER_RESUMES_WATCH = "follower-resumes-watch"
 # a consumer's book keeps levels the engine no longer has, and soon looks crossed.
 FEED_OMITS_REMOVED_LEVELS = "feed-omits-removed-levels"
 
+# The gateway sends a cancel-all without the symbol the client named: a cancel of one
+# symbol's orders cancels every symbol's (orders the trader meant to keep).
+CANCEL_ALL_IGNORES_SYMBOL = "cancel-all-ignores-symbol"
+
 DEFECTS: tuple[str, ...] = (
     ACK_BEFORE_APPEND,
     BRIDGE_FORGETS_IN_FLIGHT,
+    CANCEL_ALL_IGNORES_SYMBOL,
     FEED_OMITS_REMOVED_LEVELS,
     FOLLOWER_RESUMES_WATCH,
     IGNORES_EGRESS_FLOOR,

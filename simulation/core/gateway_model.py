@@ -2,10 +2,14 @@
 
 What runs for real (`gateway/core/`, the same functions the gateway's handlers call):
 each request is checked (`RequestValidator`: an invalid one refused with its reason,
-nothing sent), turned into the shard command (`place_command`, `cancel_command`,
-`transfer_command`), stamped with the routing epoch it was routed by, and the shard's
-result turned into the client's ack (`order_ack`, `cancel_ack`, `transfer_ack`); a
-NOT_OWNER answer is followed as `after_not_owner` decides.
+nothing sent; a cancel-all's symbol by `symbol_filter`, as `cancel_all_orders` does),
+turned into the shard command (`place_command`, `cancel_command`, `cancel_all_command`,
+`transfer_command`), a place or a cancel stamped with the routing epoch it was routed
+by (as `ShardRouter.execute`: a cancel-all's epoch is left unset), and the shard's
+result turned into the client's ack (`order_ack`, `cancel_ack`, `cancel_all_ack`,
+`transfer_ack`); a NOT_OWNER answer is followed as `after_not_owner` decides. Each
+cancel-all sent is told to the run's `CancelAllCheck` with the symbol the client asked
+for.
 
 What is modelled, as `gateway/routing.py` and `gateway/etcd_routing.py` run it: the
 gateway's routing is its own copy of the routing document, which its etcd watch
@@ -29,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.core.acks import (
     cancel_ack,
+    cancel_all_ack,
+    cancel_all_command,
     cancel_command,
     order_ack,
     place_command,
@@ -43,6 +49,7 @@ from services.markets.catalog import MarketCatalog
 from services.routing.core.routing_document import RoutingDocument
 from services.shard.core.codec import egress_to_protobuf
 from services.shard.core.egress import ShardResult
+from simulation.core.defects import CANCEL_ALL_IGNORES_SYMBOL
 
 if TYPE_CHECKING:
     from simulation.core.world import SimWorld
@@ -51,7 +58,8 @@ REROUTE_MS = 2_000  # `GatewaySettings.reroute_ms`
 WATCH_GRACE_MS = 200  # `etcd_routing.WATCH_GRACE_S`
 LAGGING_SHARD_WAIT_MS = 20  # `routing.LAGGING_SHARD_WAIT_S`
 WATCH_LAG_MS = (1, 30)  # a routing change reaches the gateway's watch this much later
-PLACE, CANCEL, DEPOSIT, WITHDRAW = "place", "cancel", "deposit", "withdraw"
+PLACE, CANCEL, CANCEL_ALL = "place", "cancel", "cancel-all"
+DEPOSIT, WITHDRAW = "deposit", "withdraw"
 
 Answer = Callable[[Any], None]  # an ack (`gateway_pb2`), or the `GatewayError` refusing it
 
@@ -68,6 +76,7 @@ class Routed:
     deadline_ms: int  # the re-routing budget's end
     epoch: int = 0  # the routing epoch it was last routed by
     wait: int = 0  # counts its waits for a newer epoch: a stale wait's timer does nothing
+    symbol: str = ""  # a cancel-all's symbol, as the client asked ("": every symbol)
 
 
 class SimGateway:
@@ -112,8 +121,13 @@ class SimGateway:
             answer(error)
             return
         client_order_id = request.client_order_id if kind == PLACE else ""
+        symbol = request.symbol if kind == CANCEL_ALL else ""
         deadline_ms = self.world.scheduler.now_ms + REROUTE_MS
-        self._route(Routed(kind, request.user_id, command, client_order_id, answer, deadline_ms))
+        self._route(
+            Routed(
+                kind, request.user_id, command, client_order_id, answer, deadline_ms, symbol=symbol
+            )
+        )
 
     def _command(self, kind: str, request: Any) -> shard_pb2.ShardCommand:
         validator = self.validator
@@ -123,6 +137,12 @@ class SimGateway:
         if kind == CANCEL:
             validator.order_reference(request.order_id, request.client_order_id)
             return cancel_command(request)
+        if kind == CANCEL_ALL:
+            validator.symbol_filter(request.symbol)
+            command = cancel_all_command(request)
+            if self.world.config.defect == CANCEL_ALL_IGNORES_SYMBOL:
+                command.cancel_all.symbol = ""
+            return command
         validator.transfer(request)
         return transfer_command(request, deposit=kind == DEPOSIT)
 
@@ -143,6 +163,8 @@ class SimGateway:
         correlation = world.new_correlation()
         command.correlation_id = correlation
         self.in_flight[correlation] = routed
+        if routed.kind == CANCEL_ALL:
+            world.cancel_all_check.expect(correlation, routed.user_id, routed.symbol)
         sent = shard_pb2.ShardCommand()
         sent.CopyFrom(command)  # this copy travels; the call's may be routed again
         world.send_command(owner, sent)
@@ -221,6 +243,8 @@ class SimGateway:
             return order_ack(routed.client_order_id, result)
         if routed.kind == CANCEL:
             return cancel_ack(result)
+        if routed.kind == CANCEL_ALL:
+            return cancel_all_ack(result)
         return transfer_ack(result)
 
 

@@ -8,7 +8,8 @@ whose outcome is unknown is resolved by reading the cursor back: moved, the batc
 is in, and each flush is answered by whether the row carries it (the replay rule);
 not moved, the batch is written again. A cursor that left the shard's window is the
 real persister's `EgressGapError`: it stops, and the simulation calls that a
-violation.
+violation. What it wrote is what a trader reads of the egress: the world checks it
+(`cancel_all_check.py`).
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class SimPersister(SimProcess):
         if outcome != COMMITTED:
             return
         self.cursor = transaction.cursor
+        world.egress_written(self.shard_id, entries)
         commands: list[Any] = [self._flush_answer(answer) for answer in answers]
         self.recent_flush_answers.extend(commands)
         commands.extend(self._read(read) for read in reads)

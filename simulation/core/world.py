@@ -14,10 +14,15 @@ hashes at equal positions on every replica of a group, the log's writers in term
 order, money conserved across the shards and the database (what resident users,
 clearing and fees hold in the shards plus what the database holds for users no shard
 holds equals the deposits less the withdrawals), order rows that never leave a final
-status nor unfill, every malformed request refused by the gateway with its own reason.
+status nor unfill, every malformed request refused by the gateway with its own reason;
+as each shard's egress is written (`cancel_all_check.py`), every cancel-all answered
+for exactly the user's live orders of its symbol at its log position, and every order
+whose cancel was sent ending CANCELLED or FILLED.
 Checked after settling: every replica applying what the log held a round before, the
 independent money audit (`auditor/core/money_audit.py`) over the database's rows and
-the shards' answers, every acknowledged order and transfer there once, everything flat.
+the shards' answers, every acknowledged order and transfer there once, everything flat,
+every order the egress opened ended by an order update, and every order whose cancel a
+client had accepted CANCELLED or FILLED in the database.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from services.shard.core.settings import ShardSettings
 from services.shard.core.settings import SymbolSettings as ShardSymbol
 from services.shard.core.user_state import UserState
 from simulation.core.bridge_model import SimBridge
+from simulation.core.cancel_all_check import CANCEL_OUTCOME, CancelAllCheck, EgressEntries
 from simulation.core.clients import SimClients
 from simulation.core.etcd_model import EtcdUnavailable, SimEtcd, WatchCompacted
 from simulation.core.faults import (
@@ -187,6 +193,7 @@ class SimWorld:
             self.replicas[shard] = [ShardReplica(self, shard, i) for i in range(config.replicas)]
         for group in self.matcher_groups:
             self.replicas[group] = [MatcherReplica(self, group, i) for i in range(config.replicas)]
+        self.cancel_all_check = CancelAllCheck()
         self.gateway = SimGateway(self)
         self.bridge = SimBridge(self)
         self.persisters = {shard: SimPersister(self, shard) for shard in self.shard_ids}
@@ -340,6 +347,12 @@ class SimWorld:
         self.last_fault[node.group] = CRASH
         self._crash(node)
         return True
+
+    def egress_written(self, shard: str, entries: EgressEntries) -> None:
+        """A persister wrote the shard's egress at these positions: what a trader reads
+        of it (order updates and answers, in log order) is checked."""
+        for kind, detail in self.cancel_all_check.follow(shard, entries):
+            self.violation(kind, detail)
 
     def violation(self, kind: str, detail: str) -> None:
         self.violations.append(Violation(self.scheduler.steps, self.scheduler.now_ms, kind, detail))
@@ -507,6 +520,8 @@ class SimWorld:
             self.operator.check_audit_rows()
             self.operator.check_lifted()
         report = None if self.violations else self._audit()
+        if not self.violations:
+            self._check_cancels()  # after the audit: a row lost is the audit's finding
         return self.result(report)
 
     def _check_reconcile_heals(self) -> None:
@@ -524,6 +539,14 @@ class SimWorld:
             self.figures["reconcile_heals"] += sum(heals.values())
             if heals:
                 self.violation("reconcile-healed", f"{shard}: {heals}")
+
+    def _check_cancels(self) -> None:
+        """Settled: every order the egress opened has ended in an order update, and
+        every order whose cancel a client had accepted is CANCELLED or FILLED."""
+        for detail in self.cancel_all_check.left_live()[:1]:
+            self.violation(CANCEL_OUTCOME, detail)
+        if not self.violations:
+            self.clients.check_cancelled()
 
     def _settle(self) -> None:
         """Faults off, every process back, every open order cancelled, writes caught up."""
@@ -720,6 +743,12 @@ class SimWorld:
                 "routing_epoch": self.routing.epoch,
                 "fills_stored": len(self.store.fills),
                 **self._feed_figures(),
+                "cancel_alls_checked": self.cancel_all_check.judged,
+                "cancel_alls_refused_by_shard": self.cancel_all_check.refused,
+                "cancel_all_orders_listed": self.cancel_all_check.listed,
+                "cancel_all_already_cancelling": self.cancel_all_check.already_cancelling,
+                "cancelled_order_ends_checked": self.cancel_all_check.cancel_ends,
+                "cancelled_orders_rejected_first": self.cancel_all_check.rejected_first,
             },
             clients={
                 "ok": client_figures.ok,
@@ -728,6 +757,8 @@ class SimWorld:
                 "answered_as_duplicate": client_figures.answered_as_duplicate,
                 "attempts": client_figures.attempts,
                 "malformed_refused": client_figures.malformed_refused,
+                "cancel_alls_accepted": client_figures.cancel_alls,
+                "cancel_alls_listing_orders": client_figures.cancel_alls_listing,
                 "acknowledged_orders": len(self.clients.orders),
                 "acknowledged_transfers": len(self.clients.transfers),
                 "longest_wait_ms": waits[-1] if waits else 0,

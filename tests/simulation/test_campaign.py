@@ -18,7 +18,15 @@ def test_a_campaign_saved_and_read_back_gives_the_table(tmp_path: Path) -> None:
     table = campaign_markdown(again)
     assert table == campaign_markdown(figures)
     rows = {line.split(" | ")[0].removeprefix("| ") for line in table.splitlines()[2:]}
-    for row in ("seeds", "faults injected", "etcd watches", "gateway", "market feed", "violations"):
+    for row in (
+        "seeds",
+        "faults injected",
+        "etcd watches",
+        "gateway",
+        "market feed",
+        "cancel-all",
+        "violations",
+    ):
         assert row in rows, table
     assert "| seeds | 3..4 (2): 2 passed, 0 failed |" in table
     assert "| violations | none |" in table
