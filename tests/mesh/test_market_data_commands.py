@@ -55,7 +55,7 @@ class Trader:
     api_secret: str
 
     def key(self) -> tuple[str, ...]:
-        return ("--api-key", self.api_key, "--api-secret", self.api_secret)
+        return ("--api-key", self.api_key, f"--api-secret={self.api_secret}")
 
     def signed(self) -> tuple[str, ...]:
         return ("client", "--user-id", str(self.user_id), *self.key())

@@ -139,7 +139,8 @@ def test_oms_status_shows_every_process_a_stopped_follower_and_its_return(
         api_key = created.split()[0]
         api_secret = created.split("secret (shown once): ")[1].split()[0]
         assert run(environment, [*client, "admin", "users"])[1]
-        user = [*client, "--user-id", "1", "--api-key", api_key, "--api-secret", api_secret]
+        # `=`: a secret may begin with "-", which argparse would take for an option.
+        user = [*client, "--user-id", "1", "--api-key", api_key, f"--api-secret={api_secret}"]
         omsctl = [sys.executable, "-m", "services.routing.omsctl", "--state-dir", str(state_dir)]
         assert "s1" in run(environment, [*omsctl, "residents", "s1"])[1]
 

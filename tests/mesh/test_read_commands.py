@@ -60,7 +60,7 @@ def trader(running_mesh: RunningMesh) -> Trader:
     created = in_users_terms(running_mesh.oms(*client, "keys", "create"))
     api_key = created.split()[0]
     api_secret = created.split("secret (shown once): ")[1].split()[0]
-    signed = (*client, "--api-key", api_key, "--api-secret", api_secret)
+    signed = (*client, "--api-key", api_key, f"--api-secret={api_secret}")
     history = in_users_terms(running_mesh.oms(*signed, "history"))
     order_id, client_order_id = history.splitlines()[1].split()[:2]
     return Trader(user_id, api_key, api_secret, order_id, client_order_id)
@@ -147,7 +147,7 @@ def test_client_reads_with_the_folders_gateway_and_a_users_key(
 ) -> None:
     client = ("client", "--state-dir", str(running_mesh.state_dir))
     user = ("--user-id", str(trader.user_id))
-    signed = (*client, *user, "--api-key", trader.api_key, "--api-secret", trader.api_secret)
+    signed = (*client, *user, "--api-key", trader.api_key, f"--api-secret={trader.api_secret}")
     assert "no open orders" in in_users_terms(running_mesh.oms(*signed, "orders"))
     balances = in_users_terms(running_mesh.oms(*signed, "balances"))
     assert re.search(r"BTC +30000000 +0 +30000000", balances), balances
