@@ -432,12 +432,21 @@ class ShardMachine:
             return
         self._to_actor(command, now, out)
 
-    def _on_cancel_all(self, command: CancelAllOrders, now: int, out: list[Egress]) -> None:
+    def _taken_from_version_3(
+        self,
+        command: CancelAllOrders | CancelAllAfter | KeepSession | EndSession,
+        now: int,
+        out: list[Egress],
+    ) -> bool:
+        """A command version 3 added: before it, refused as a build without it decides
+        (its oneof unknown: MALFORMED); then the owner check every client command gets."""
         if self.state.machine_version < 3:
-            # What a build without it decides: the command's oneof is unknown to it.
             self._on_malformed(MalformedCommand(command.correlation_id, "no command set"), now, out)
-            return
-        if self._not_owner(command, out):
+            return False
+        return not self._not_owner(command, out)
+
+    def _on_cancel_all(self, command: CancelAllOrders, now: int, out: list[Egress]) -> None:
+        if not self._taken_from_version_3(command, now, out):
             return
         if command.symbol and command.symbol not in self.state.symbols:
             out.append(refused(command.correlation_id, _UNKNOWN_SYMBOL))
@@ -445,10 +454,7 @@ class ShardMachine:
         self._to_actor(command, now, out)
 
     def _on_cancel_all_after(self, command: CancelAllAfter, now: int, out: list[Egress]) -> None:
-        if self.state.machine_version < 3:
-            self._on_malformed(MalformedCommand(command.correlation_id, "no command set"), now, out)
-            return
-        if self._not_owner(command, out):
+        if not self._taken_from_version_3(command, now, out):
             return
         timeout_ms = command.timeout_ms
         if timeout_ms and not MIN_SWITCH_TIMEOUT_MS <= timeout_ms <= MAX_SWITCH_TIMEOUT_MS:
@@ -457,10 +463,7 @@ class ShardMachine:
         self._to_actor(command, now, out)
 
     def _on_keep_session(self, command: KeepSession, now: int, out: list[Egress]) -> None:
-        if self.state.machine_version < 3:
-            self._on_malformed(MalformedCommand(command.correlation_id, "no command set"), now, out)
-            return
-        if self._not_owner(command, out):
+        if not self._taken_from_version_3(command, now, out):
             return
         if not command.session_id:
             out.append(refused(command.correlation_id, _MALFORMED))
@@ -471,10 +474,7 @@ class ShardMachine:
         self._to_actor(command, now, out)
 
     def _on_end_session(self, command: EndSession, now: int, out: list[Egress]) -> None:
-        if self.state.machine_version < 3:
-            self._on_malformed(MalformedCommand(command.correlation_id, "no command set"), now, out)
-            return
-        if self._not_owner(command, out):
+        if not self._taken_from_version_3(command, now, out):
             return
         if not command.session_id:
             out.append(refused(command.correlation_id, _MALFORMED))
